@@ -1,0 +1,34 @@
+"""k-sample objectives: unbiased metrics and per-sample advantages, in pure jax.numpy.
+
+Metrics (unbiased from N >= k samples, [B, N] -> [B]):
+  pass_at_k, max_at_k, majority_at_k.
+Advantages ([B, N] -> [B, N], under stop_gradient):
+  mean_advantages (k = 1: RLOO, Dr.GRPO, GRPO), max_at_k_advantages (pass@k / max@k:
+  PKPO, Tang et al., Chen et al.), majority_at_k_advantages (Tang et al.),
+  max_at_k_offpolicy_advantages (Bagirov et al.).
+Related objectives of the seed papers live in `related`. Every function has a slow
+float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`).
+`k` is always a static Python int. The math: shared/design/ESTIMATORS.md.
+"""
+
+from kjax.objectives.advantages import (
+    MaxAtKEstimator,
+    MeanBaseline,
+    max_at_k_advantages,
+    mean_advantages,
+)
+from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
+from kjax.objectives.metrics import max_at_k, pass_at_k
+from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
+
+__all__ = [
+    "MaxAtKEstimator",
+    "MeanBaseline",
+    "majority_at_k",
+    "majority_at_k_advantages",
+    "max_at_k",
+    "max_at_k_advantages",
+    "max_at_k_offpolicy_advantages",
+    "mean_advantages",
+    "pass_at_k",
+]
