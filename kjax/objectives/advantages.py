@@ -122,9 +122,7 @@ def _loo_sorted(r_sorted: jax.Array, n: int, k: int) -> jax.Array:
     # Removing sorted position p moves r_(j) to rank j for j < p and to rank j-1 for j > p.
     rank_same = jnp.concatenate([w_rest, zero])  # weight of r_(j) if j < p
     rank_down = jnp.concatenate([zero, w_rest])  # weight of r_(j) if j > p
-    m_rest = prefix_sum_exclusive(rank_same * r_sorted) + suffix_sum_exclusive(
-        rank_down * r_sorted
-    )
+    m_rest = prefix_sum_exclusive(rank_same * r_sorted) + suffix_sum_exclusive(rank_down * r_sorted)
     return _s_sorted(r_sorted, n, k) - (k / (n - 1)) * m_rest
 
 

@@ -27,14 +27,18 @@ def pass_at_k_ref(correct, k: int) -> np.ndarray:
     """[B]: the fraction of k-subsets with at least one correct sample."""
     correct = np.asarray(correct, dtype=bool)
     n = correct.shape[1]
-    return np.array([np.mean([row[list(s)].any() for s in _subsets(range(n), k)]) for row in correct])
+    return np.array(
+        [np.mean([row[list(s)].any() for s in _subsets(range(n), k)]) for row in correct]
+    )
 
 
 def max_at_k_ref(rewards, k: int) -> np.ndarray:
     """[B]: the mean over k-subsets of the subset's best reward."""
     rewards = np.asarray(rewards, dtype=np.float64)
     n = rewards.shape[1]
-    return np.array([np.mean([row[list(s)].max() for s in _subsets(range(n), k)]) for row in rewards])
+    return np.array(
+        [np.mean([row[list(s)].max() for s in _subsets(range(n), k)]) for row in rewards]
+    )
 
 
 def mean_advantages_ref(rewards, baseline: MeanBaseline) -> np.ndarray:
@@ -85,9 +89,10 @@ def _group_max_advantages(row: np.ndarray, k: int, estimator: MaxAtKEstimator) -
             m_rest = np.mean([row[list(s)].max() for s in _subsets(others, k)])
             out[i] = s_i - k / (n - 1) * m_rest
         else:  # LOO_MINUS_ONE and CENTERED
-            out[i] = sum(
-                row[list(s)].max() - row[[j for j in s if j != i]].max() for s in with_i
-            ) / total
+            out[i] = (
+                sum(row[list(s)].max() - row[[j for j in s if j != i]].max() for s in with_i)
+                / total
+            )
     if estimator is MaxAtKEstimator.CENTERED:
         out = out - out.mean()
     return out

@@ -23,7 +23,9 @@ def test_metrics_match_oracle(n, k):
     rewards = rewards_with_ties(rng, 6, n)
     correct = rng.random((6, n)) < 0.4
     with jax.enable_x64(True):
-        np.testing.assert_allclose(obj.max_at_k(rewards, k), ref.max_at_k_ref(rewards, k), RTOL, ATOL)
+        np.testing.assert_allclose(
+            obj.max_at_k(rewards, k), ref.max_at_k_ref(rewards, k), RTOL, ATOL
+        )
         np.testing.assert_allclose(
             obj.pass_at_k(correct, k), ref.pass_at_k_ref(correct, k), RTOL, ATOL
         )

@@ -14,8 +14,9 @@ def binary_group(n, c):
     return jnp.arange(n)[None, :] < c
 
 
-@pytest.mark.parametrize(("n", "c", "k", "want"), [(10, 3, 5, 0.916667), (200, 1, 100, 0.5),
-                                                    (1024, 3, 512, 0.8753666)])
+@pytest.mark.parametrize(
+    ("n", "c", "k", "want"), [(10, 3, 5, 0.916667), (200, 1, 100, 0.5), (1024, 3, 512, 0.8753666)]
+)
 def test_pass_at_k_goldens(n, c, k, want):
     np.testing.assert_allclose(obj.pass_at_k(binary_group(n, c), k), [want], atol=1e-6)
 

@@ -23,7 +23,11 @@ def test_float32_agrees_with_float64_at_large_n(n, k):
     rewards = big_group(n)
     with jax.enable_x64(True):
         m64 = np.asarray(obj.max_at_k(rewards, k))
-        a64 = {e: np.asarray(obj.max_at_k_advantages(rewards, k, e)) for e in E if e.name != "CHEN_ANALYTIC"}
+        a64 = {
+            e: np.asarray(obj.max_at_k_advantages(rewards, k, e))
+            for e in E
+            if e.name != "CHEN_ANALYTIC"
+        }
     r32 = jnp.asarray(rewards, jnp.float32)
     np.testing.assert_allclose(obj.max_at_k(r32, k), m64, rtol=1e-5)
     # LOO subtracts two terms of the size of `s` that nearly cancel: its float32 error is
@@ -71,15 +75,20 @@ def test_jit_equals_eager_and_compiles_once():
         return obj.max_at_k_advantages(r, k, estimator)
 
     for e in (E.S, E.LOO, E.LOO_MINUS_ONE, E.CENTERED):
-        np.testing.assert_allclose(adv(rewards, 4, e), obj.max_at_k_advantages(rewards, 4, e),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            adv(rewards, 4, e), obj.max_at_k_advantages(rewards, 4, e), rtol=1e-6, atol=1e-7
+        )
     n_traces = len(traces)
     adv(rewards + 1.0, 4, E.S)  # same shapes and statics: no retrace
     assert len(traces) == n_traces
-    np.testing.assert_allclose(jax.jit(obj.max_at_k, static_argnums=1)(rewards, 4),
-                               obj.max_at_k(rewards, 4), rtol=1e-6)
-    np.testing.assert_allclose(jax.jit(obj.pass_at_k, static_argnums=1)(rewards > 0.5, 4),
-                               obj.pass_at_k(rewards > 0.5, 4), rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(obj.max_at_k, static_argnums=1)(rewards, 4), obj.max_at_k(rewards, 4), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        jax.jit(obj.pass_at_k, static_argnums=1)(rewards > 0.5, 4),
+        obj.pass_at_k(rewards > 0.5, 4),
+        rtol=1e-6,
+    )
 
 
 def test_vmap_over_groups_equals_loop():

@@ -1,0 +1,153 @@
+"""Benchmark: time per call of every objective, jitted and warmed up, next to its oracle.
+
+  python -m experiments.bench_objectives [--batch=1024 --group=64 --k=8 --json=FILE]
+
+Prints a Markdown table: the fast estimator at B x N (default 1024 x 64), and both the
+fast estimator and its subset-enumeration oracle (reference.py) on small groups (N = 10,
+k = 4), where enumeration is still feasible. A benchmark, not a test: it prints figures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+from kjax import objectives as obj
+from kjax.objectives import reference as ref
+
+E, M = obj.MaxAtKEstimator, obj.MeanBaseline
+
+flags.DEFINE_integer("batch", 1024, "B: prompts per call.")
+flags.DEFINE_integer("group", 64, "N: samples per prompt.")
+flags.DEFINE_integer("k", 8, "k of the k-sample objectives.")
+flags.DEFINE_integer("repeats", 20, "Timed calls per function (the median is reported).")
+flags.DEFINE_string("json", None, "Optional path for the figures as JSON.")
+
+
+def inputs(b: int, n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "rewards": jnp.asarray(rng.uniform(size=(b, n)).round(2), jnp.float32),
+        "correct": jnp.asarray(rng.random((b, n)) < 0.3),
+        "answers": jnp.asarray(rng.integers(-1, 5, size=(b, n)), jnp.int32),
+        "target": jnp.asarray(rng.integers(0, 5, size=(b,)), jnp.int32),
+        "log_ratio": jnp.asarray(rng.normal(0, 0.05, size=(b, n)), jnp.float32),
+    }
+
+
+def cases(k: int) -> dict:
+    """name -> (fast fn of inputs dict, oracle fn of numpy inputs dict)."""
+    out = {
+        "pass_at_k": (
+            lambda x: obj.pass_at_k(x["correct"], k),
+            lambda x: ref.pass_at_k_ref(x["correct"], k),
+        ),
+        "max_at_k": (
+            lambda x: obj.max_at_k(x["rewards"], k),
+            lambda x: ref.max_at_k_ref(x["rewards"], k),
+        ),
+        "majority_at_k": (
+            lambda x: obj.majority_at_k(x["answers"], x["target"], k),
+            lambda x: ref.majority_at_k_ref(x["answers"], x["target"], k),
+        ),
+    }
+    for b in M:
+        out[f"mean_advantages[{b.name}]"] = (
+            lambda x, b=b: obj.mean_advantages(x["rewards"], b),
+            lambda x, b=b: ref.mean_advantages_ref(x["rewards"], b),
+        )
+    for e in E:
+        key = "correct_f" if e is E.CHEN_ANALYTIC else "rewards"
+        out[f"max_at_k_advantages[{e.name}]"] = (
+            lambda x, e=e, key=key: obj.max_at_k_advantages(x[key], k, e),
+            lambda x, e=e, key=key: ref.max_at_k_advantages_ref(x[key], k, e),
+        )
+    for centered in (False, True):
+        out[f"majority_at_k_advantages[centered={centered}]"] = (
+            lambda x, c=centered: obj.majority_at_k_advantages(x["answers"], x["target"], k, c),
+            lambda x, c=centered: ref.majority_at_k_advantages_ref(x["answers"], x["target"], k, c),
+        )
+    out["max_at_k_offpolicy_advantages"] = (
+        lambda x: obj.max_at_k_offpolicy_advantages(x["rewards"], x["log_ratio"], k, 0.2),
+        lambda x: ref.max_at_k_offpolicy_advantages_ref(x["rewards"], x["log_ratio"], k, 0.2),
+    )
+    return out
+
+
+def with_binary(x: dict) -> dict:
+    return {**x, "correct_f": x["correct"].astype(jnp.float32)}
+
+
+def time_jitted(fn, x: dict, repeats: int) -> float:
+    """Median seconds per call of jit(fn)(x), after a warm-up call that compiles."""
+    f = jax.jit(fn)
+    jax.block_until_ready(f(x))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(x))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def time_oracle(fn, x: dict) -> float:
+    x = {key: np.asarray(v) for key, v in x.items()}
+    t0 = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - t0
+
+
+def main(argv) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    f = flags.FLAGS
+    if not 1 <= f.k <= f.group:
+        raise app.UsageError(f"--k must be in [1, --group={f.group}]; got {f.k}.")
+    big = with_binary(inputs(f.batch, f.group))
+    small_b, small_n, small_k = 8, 10, 4
+    small = with_binary(inputs(small_b, small_n, seed=1))
+    rows = []
+    big_cases, small_cases = cases(f.k), cases(small_k)
+    for name, (fast, _) in big_cases.items():
+        if "LOO]" in name and f.group <= f.k:
+            continue
+        small_fast, oracle = small_cases[name]
+        t_big = time_jitted(fast, big, f.repeats)
+        t_small = time_jitted(small_fast, small, f.repeats)
+        t_oracle = time_oracle(oracle, small)
+        rows.append(
+            {
+                "name": name,
+                "big_ms": 1e3 * t_big,
+                "big_us_per_group": 1e6 * t_big / f.batch,
+                "small_us_per_group": 1e6 * t_small / small_b,
+                "oracle_us_per_group": 1e6 * t_oracle / small_b,
+            }
+        )
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].device_kind}; jitted, warmed up, "
+        f"median of {f.repeats} calls.\n"
+    )
+    print(
+        f"| function | B={f.batch}, N={f.group}, k={f.k}: ms/call | us/group "
+        f"| N={small_n}, k={small_k}: fast us/group | oracle us/group | oracle/fast |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['big_ms']:.2f} | {r['big_us_per_group']:.2f} "
+            f"| {r['small_us_per_group']:.1f} | {r['oracle_us_per_group']:.0f} "
+            f"| {r['oracle_us_per_group'] / r['small_us_per_group']:.0f}x |"
+        )
+    if f.json:
+        with open(f.json, "w") as fh:
+            json.dump({"batch": f.batch, "group": f.group, "k": f.k, "rows": rows}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
