@@ -1,0 +1,132 @@
+"""Crash-safe checkpoints of the whole training state (orbax), and workdir identity.
+
+Orbax writes each step into a temporary directory and renames it into place only when
+complete, so a process killed mid-write leaves nothing that `latest_step` will pick up:
+rerunning the same command resumes from the last complete checkpoint. The state is any
+pytree of arrays (params, optimizer state, step, PRNG key data); JSON metadata (data
+iterator position, metrics) travels with it atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """every: save every this many steps; keep: newest checkpoints kept on disk."""
+
+    every: int = 50
+    keep: int = 3
+    async_save: bool = True
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise ValueError(f"checkpoint.every must be >= 1; got {self.every}.")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1; got {self.keep}.")
+
+
+class Checkpointer:
+    """Saves and restores `(state pytree, meta dict)` under `directory`.
+
+    PRNG keys must be stored as raw key data (`jax.random.key_data(key)`), which is a
+    plain uint32 array; rebuild them with `jax.random.wrap_key_data`.
+    """
+
+    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig):
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=config.keep,
+            save_interval_steps=config.every,
+            enable_async_checkpointing=config.async_save,
+            cleanup_tmp_directories=True,  # leftovers of a killed save are removed, never read
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._last_saved: int | None = None
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
+        """Saves if `step` is on the save interval (or `force`); returns whether it saved.
+
+        Asynchronous: returns once the arrays are copied off the device; the write
+        finishes in the background (call `wait` before reading the files).
+        """
+        if step == self._last_saved:
+            return False  # e.g. the final forced save landing on an interval step
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        saved = self._manager.save(step, args=args, force=force)
+        if saved:
+            self._last_saved = step
+        return saved
+
+    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
+        """Restores (state, meta) at `step` (default: latest) shaped and sharded like `like`.
+
+        `like` is a pytree of arrays or jax.ShapeDtypeStruct (with `.sharding` to restore
+        straight onto a mesh).
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        )
+        out = self._manager.restore(step, args=args)
+        self._last_saved = step
+        return out.state, out.meta
+
+    def wait(self) -> None:
+        """Blocks until every pending asynchronous save is on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def ensure_workdir(workdir: str | os.PathLike, identity: dict) -> pathlib.Path:
+    """Creates `workdir` for the experiment `identity`, or checks it is the same experiment.
+
+    `identity` is the JSON-able config that defines the run. Resuming a workdir that holds
+    a different experiment would silently mix two runs, so it raises a ValueError naming
+    the differing fields instead.
+    """
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "experiment.json"
+    identity = json.loads(json.dumps(identity, default=str))  # normalise tuples, enums
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored != identity:
+            keys = sorted(set(stored) | set(identity))
+            diff = [k for k in keys if stored.get(k) != identity.get(k)]
+            raise ValueError(
+                f"workdir {workdir} holds a different experiment (fields differ: "
+                f"{', '.join(diff)}). Use a new --workdir, or rerun with the original config."
+            )
+        return workdir
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(identity, indent=2, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written identity
+    return workdir
