@@ -20,9 +20,13 @@ from kjax.objectives.advantages import (
 from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
 from kjax.objectives.metrics import max_at_k, pass_at_k
 from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
+from kjax.objectives.related import bon_aware_weight, borda_vote, self_certainty
 
 __all__ = [
     "MaxAtKEstimator",
+    "bon_aware_weight",
+    "borda_vote",
+    "self_certainty",
     "MeanBaseline",
     "majority_at_k",
     "majority_at_k_advantages",
