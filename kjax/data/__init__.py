@@ -1,0 +1,1 @@
+"""Datasets: tensorflow-datasets builders (offline, array_record), loaders and prompts."""
