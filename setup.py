@@ -31,6 +31,8 @@ setup(
         "absl-py>=2.0",
         "matplotlib>=3.8",
         "tqdm>=4.66",
+        # TensorBoard event files of the RL metrics, without TensorFlow.
+        "tensorboardX>=2.6",
     ],
     extras_require={
         "dev": [

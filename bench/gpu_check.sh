@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU check: the `gpu` test tier and the RL-step benchmark on one CUDA machine, < 8 minutes.
+#   bash bench/gpu_check.sh OUTDIR
+# Uses python3 (or $PYTHON), which must already have CUDA jax. Without network, missing
+# dependencies install only from wheels placed in bench/wheels/ beside this script.
+# Writes OUTDIR/{env,gpu_tests,bench_rl_step}.json (+ gpu_tests.xml, *.log); exits non-zero
+# if any part failed.
+set -uo pipefail
+OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export TF_CPP_MIN_LOG_LEVEL=3 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+if ! $PY -c "import kjax, flax, optax, orbax.checkpoint, tensorflow_datasets" 2>/dev/null; then
+  $PY -m pip install -q --no-index --find-links bench/wheels -e . \
+    || $PY -m pip install -q --no-deps -e . || echo "gpu_check: install failed" >&2
+fi
+$PY - > "$OUT/env.json" <<'PYEOF'
+import json, jax
+print(json.dumps({"jax": jax.__version__, "backend": jax.default_backend(),
+                  "devices": [d.device_kind for d in jax.devices()]}))
+PYEOF
+
+status=0
+# GPU test tier (conftest keeps the accelerator when KJAX_TEST_PLATFORM is set).
+timeout 270 env KJAX_TEST_PLATFORM=cuda $PY -m pytest -m gpu -q -p no:cacheprovider \
+  --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+rc=$?
+echo "{\"pytest_gpu_exit_code\": $rc}" > "$OUT/gpu_tests.json"
+[ "$rc" -eq 0 ] || status=1
+
+# RL-step breakdown, tokens/s and MFU (peak from the table for H100/H200).
+timeout 180 $PY -m experiments.bench_rl_step --shapes=tiny_arith,smollm2 --steps=5 \
+  --out="$OUT/bench_rl_step.json" > "$OUT/bench_rl_step.log" 2>&1 || status=1
+tail -n 8 "$OUT/gpu_tests.log" "$OUT/bench_rl_step.log"
+exit $status

@@ -1,0 +1,164 @@
+"""Benchmark: where one RL step's time goes (sample, verify, advantages, update), and the
+update's tokens/s and MFU.
+
+  python -m experiments.bench_rl_step [--shapes=tiny_arith,smollm2] [--steps=5] [--out=F.json]
+
+tiny_arith: the real pipeline of experiments/configs/tiny_arith.py:passk (random init, no
+SFT). smollm2: random weights of SmolLM2-135M's shape, B x N = 4 x 4 prompts of 64 tokens,
+T = 32, the arithmetic verifier on whatever it writes (throughput does not depend on the
+weights). FLOPs of the update come from XLA's cost analysis of the compiled step; MFU
+divides by --peak_tflops (default: a table of known accelerators, else this machine's
+measured float32 matmul rate). A benchmark, not a test: on a shared CPU figures are noisy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from experiments.configs import tiny_arith
+from kjax.rl import loop
+from kjax.rl.config import ModelConfig, SFTConfig, TaskConfig
+from kjax.rl.objective import Objective, ObjectiveConfig
+
+flags.DEFINE_list("shapes", ["tiny_arith"], "tiny_arith and/or smollm2.")
+flags.DEFINE_integer("steps", 5, "Timed RL steps per shape (after 2 warm-up steps).")
+flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s for MFU (0: known table / measured).")
+flags.DEFINE_string("out", "", "Also write the results as JSON here.")
+FLAGS = flags.FLAGS
+
+_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5p": 459.0, "TPU v4": 275.0}
+
+
+def peak_tflops() -> tuple[float, str]:
+    if FLAGS.peak_tflops:
+        return FLAGS.peak_tflops, "flag"
+    kind = jax.devices()[0].device_kind
+    for name, tflops in _PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return tflops * jax.device_count(), f"table ({kind}, bf16 dense)"
+    x = jnp.ones((2048, 2048), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(5):
+        f(x).block_until_ready()
+    return 5 * 2 * 2048**3 / (time.perf_counter() - t) / 1e12, f"measured f32 matmul ({kind})"
+
+
+def config(shape: str, workdir: str):
+    cfg = tiny_arith.get_config("passk")
+    cfg = dataclasses.replace(cfg, sft=SFTConfig(steps=0), steps=10, name=f"bench_{shape}")
+    if shape == "smollm2":
+        cfg = dataclasses.replace(
+            cfg, batch_prompts=4, samples=4, max_new_tokens=32,
+            objective=ObjectiveConfig(Objective.MAX_AT_K, k=4),
+            model=ModelConfig(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                              intermediate_size=1536),
+            task=dataclasses.replace(TaskConfig(), max_prompt_tokens=64),
+        )  # fmt: skip
+    return cfg
+
+
+def bench(shape: str) -> dict:
+    with tempfile.TemporaryDirectory() as workdir:
+        cfg = config(shape, workdir)
+        run = loop.Run(cfg, workdir, log=lambda *a: None)
+        if shape == "smollm2":  # the real vocabulary size: random-token prompts, same shapes
+            _widen_vocab(run, 49152)
+        batches = loop.loader.batches(run.task.train, loop.loader.LoaderConfig(cfg.batch_prompts),
+                                      num_epochs=None)  # fmt: skip
+        position, rows = loop.loader.Position(), []
+        for step in range(2 + FLAGS.steps):
+            row, position = loop.rl_step(run, step, batches, position, None, None)
+            rows.append(row)
+        timed = rows[2:]
+        mean = {n: float(np.mean([r[f"time/{n}"] for r in timed]))
+                for n in ("sample", "verify", "advantages", "update", "step")}  # fmt: skip
+        flops = _update_flops(run, cfg)
+        tokens = cfg.batch_prompts * cfg.samples * (run.task.prompt_len + cfg.max_new_tokens)
+        peak, source = peak_tflops()
+        achieved = flops / mean["update"] / 1e12
+        return {
+            "shape": shape, "B": cfg.batch_prompts, "N": cfg.samples,
+            "S": run.task.prompt_len, "T": cfg.max_new_tokens,
+            "params": int(sum(x.size for x in jax.tree.leaves(run.state.params))),
+            "seconds": mean, "update_tokens_per_s": tokens / mean["update"],
+            "update_tflops": flops / 1e12, "achieved_tflops_per_s": achieved,
+            "peak_tflops_per_s": peak, "peak_source": source, "mfu": achieved / peak,
+            "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        }  # fmt: skip
+
+
+def _widen_vocab(run, vocab: int) -> None:
+    """Re-initialises the bench model with a real-size vocabulary (the char tokenizer only
+    uses its first ids, which keeps verification meaningful and shapes realistic)."""
+    from flax import nnx
+
+    from kjax import sharding
+    from kjax.models import Llama
+
+    config = dataclasses.replace(run.model_config, vocab_size=vocab)
+    make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(0)))  # noqa: E731
+    params = sharding.create_sharded(make, run.mesh).params()
+    optimizer = loop.make_optimizer(run.cfg.optimizer)
+    run.model_config = config
+    run.state = loop.init_train_state(params, optimizer, jax.random.key(0), run.mesh)
+    run.step_fn = loop.make_train_step(config, run.cfg.rl, run.cfg.objective, optimizer,
+                                       run.mesh, loop.shardings_of(run.state))  # fmt: skip
+    run.sampler = _resample(run, config)
+
+
+def _resample(run, config):
+    import functools
+
+    return functools.partial(loop.sample_params, config=config,
+                             max_new_tokens=run.cfg.max_new_tokens, stop_ids=run.task.stop_ids,
+                             dtype=run.dtype)  # fmt: skip
+
+
+def _update_flops(run, cfg) -> float:
+    B, N, S, T = cfg.batch_prompts, cfg.samples, run.task.prompt_len, cfg.max_new_tokens
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=run.batch_sh)
+    batch = loop.RLBatch(
+        spec((B, S), jnp.int32), spec((B, S), bool), spec((B, N, T), jnp.int32),
+        spec((B, N, T), bool), spec((B, N, T), jnp.float32), spec((B, N), jnp.float32),
+        spec((B, N), jnp.float32),
+    )  # fmt: skip
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                         run.state)  # fmt: skip
+    compiled = run.step_fn.lower(state, batch, None, cfg.objective.k).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0))
+
+
+def main(argv):
+    del argv
+    results = [bench(shape) for shape in FLAGS.shapes]
+    print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | update s | "
+          "update tokens/s | MFU |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        s = r["seconds"]
+        shape = f"{r['B']}x{r['N']}x{r['S'] + r['T']}"
+        print(f"| {r['shape']} | {r['params']:,} | {shape} | {s['sample']:.4f} | "
+              f"{s['verify']:.4f} | {s['advantages']:.4f} | {s['update']:.4f} | "
+              f"{r['update_tokens_per_s']:,.0f} | {r['mfu']:.2%} |")  # fmt: skip
+    print(f"\npeak: {results[0]['peak_tflops_per_s']:.2f} TFLOP/s ({results[0]['peak_source']})")
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(app.run(main))

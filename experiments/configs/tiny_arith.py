@@ -1,0 +1,53 @@
+"""python -m experiments.train --config=experiments/configs/tiny_arith.py:passk --workdir=/tmp/ta
+
+2 CPU cores, ~1 minute of RL after a ~1 minute SFT warm start (cached in WORKDIR/sft). A
+2-layer, d=64 character-level Llama (~100k params) is SFT-warm-started (1500 steps of 64)
+on 2-digit +/- arithmetic (kjax_arith), then trained with RL for 300 steps of 16 prompts x
+16 samples (PG, AdamW 1e-3). Measured (experiments/quickstart.py runs `mean` and `passk`
+from the same warm start; all 200 held-out problems, n=16): before RL pass@1 0.125,
+pass@16 0.720; after `mean` 0.218 / 0.670; after `passk` 0.200 / 0.825: the mean
+objective buys pass@1 and loses pass@16, the pass@k objective buys pass@16. Presets: mean
+(RLOO), passk (pass@k, k=8, LOO-1), majority (maj@k, k=8).
+"""
+
+import dataclasses
+
+from kjax.checkpoint import CheckpointConfig
+from kjax.rl.config import EvalConfig, ModelConfig, SFTConfig, TaskConfig, TrainConfig
+from kjax.rl.objective import Objective, ObjectiveConfig
+from kjax.rl.optim import OptimizerConfig
+from kjax.rl.train_step import PolicyLoss, StepConfig
+
+BASE = TrainConfig(
+    name="tiny_arith",
+    steps=300,
+    batch_prompts=16,
+    samples=16,
+    max_new_tokens=5,
+    temperature=1.0,
+    rl=StepConfig(loss=PolicyLoss.PG),
+    optimizer=OptimizerConfig(
+        learning_rate=1e-3, warmup_steps=5, total_steps=300, end_lr_ratio=0.1, max_grad_norm=1.0
+    ),  # fmt: skip
+    model=ModelConfig(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
+    ),  # fmt: skip
+    task=TaskConfig(digits=2, operands=2, operators="+-", train_size=4000, test_size=200),
+    sft=SFTConfig(steps=1500, batch_size=64, learning_rate=3e-3),
+    eval=EvalConfig(every=50, n_eval=16, problems=200),
+    checkpoint=CheckpointConfig(every=50, keep=2),
+)
+
+PRESETS = {
+    "mean": dataclasses.replace(BASE, name="tiny_arith_mean"),
+    "passk": dataclasses.replace(
+        BASE, name="tiny_arith_passk", objective=ObjectiveConfig(Objective.MAX_AT_K, k=8)
+    ),
+    "majority": dataclasses.replace(
+        BASE, name="tiny_arith_majority", objective=ObjectiveConfig(Objective.MAJORITY_AT_K, k=8)
+    ),
+}
+
+
+def get_config(preset: str = "passk") -> TrainConfig:
+    return PRESETS[preset]

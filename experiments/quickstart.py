@@ -1,0 +1,84 @@
+"""README command 1: does RL toward pass@k beat the mean objective at large k?
+
+  python -m experiments.quickstart --workdir=/tmp/quickstart
+
+2 CPU cores, 1-3 minutes (2.4 measured on a shared machine). A tiny character-level Llama
+is SFT-warm-started on kjax_arith (cached in WORKDIR/sft), then trained twice from the same
+weights with the same RL budget: the mean objective (RLOO) and the pass@k objective (k=8,
+unbiased LOO-1 estimator). Prints held-out pass@1 / pass@4 / pass@16 (all 200 test problems,
+n=16 samples each) before and after, and writes WORKDIR/results.md plus each run's
+metrics.jsonl, TensorBoard events and PNG plots. Expected (measured): mean 0.125 -> 0.218
+pass@1, 0.720 -> 0.670 pass@16; pass@k 0.125 -> 0.200 pass@1, 0.720 -> 0.825 pass@16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+import time
+
+from experiments.configs import tiny_arith
+from kjax.evaluation import read_jsonl
+from kjax.rl.config import TrainConfig
+
+KS = (1, 4, 16)
+
+
+def configs(workdir: pathlib.Path, steps: int | None = None) -> dict[str, TrainConfig]:
+    out = {}
+    for label, preset in (("mean (RLOO)", "mean"), ("pass@k (k=8)", "passk")):
+        cfg = tiny_arith.get_config(preset)
+        cfg = dataclasses.replace(
+            cfg, sft=dataclasses.replace(cfg.sft, cache_dir=str(workdir / "sft"))
+        )
+        if steps is not None:
+            opt = dataclasses.replace(cfg.optimizer, total_steps=steps)
+            cfg = dataclasses.replace(cfg, steps=steps, optimizer=opt)
+        out[label] = cfg
+    return out
+
+
+def table(rows: dict[str, tuple[dict, dict]]) -> str:
+    """Markdown: one row per objective, before -> after for each k."""
+    head = "| objective | " + " | ".join(f"pass@{k} before | pass@{k} after" for k in KS) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(KS))]
+    for label, (before, after) in rows.items():
+        cells = [f"{before[f'eval/pass@{k}']:.3f} | {after[f'eval/pass@{k}']:.3f}" for k in KS]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="experiments.quickstart")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: preset)")
+    args = parser.parse_args(argv)
+    from absl import logging
+
+    from kjax.rl.loop import train_and_evaluate
+
+    logging.set_verbosity(logging.ERROR)  # TFDS's per-builder notices drown the table
+
+    start = time.time()
+    workdir = pathlib.Path(args.workdir)
+    rows = {}
+    for label, cfg in configs(workdir, args.steps).items():
+        print(f"== {label}: {cfg.steps} RL steps of {cfg.batch_prompts} prompts x {cfg.samples}")
+        run_dir = workdir / cfg.name
+        train_and_evaluate(cfg, run_dir)
+        evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "eval/pass@1" in r]
+        rows[label] = (evals[0], evals[-1])
+    text = table(rows)
+    minutes = (time.time() - start) / 60
+    (workdir / "results.md").write_text(text + f"\n\nwall time: {minutes:.1f} min\n")
+    e = cfg.eval
+    print(f"\nHeld-out pass@k ({e.problems} problems, n={e.n_eval} samples each; unbiased "
+          f"estimator):\n\n{text}")  # fmt: skip
+    print(f"\nwall time {minutes:.1f} min; plots and metrics.jsonl under {workdir}/*/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

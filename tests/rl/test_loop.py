@@ -1,0 +1,61 @@
+"""The host loop's pieces: dynamic-sampling batch filling, eval metrics, the NaN stop."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from kjax import checkpoint, evaluation
+from kjax.objectives import reference, reference_majority
+from kjax.rewards.verdict import Verdicts
+from kjax.rl.loop import fill_batch, train_and_evaluate
+from kjax.rl.train_step import StepConfig
+from tests.rl.tiny_run import TINY
+
+
+def _candidates(adv_rows):
+    return [{"advantages": np.asarray(a, np.float32), "id": np.arange(len(a)) + 10 * j}
+            for j, a in enumerate(adv_rows)]  # fmt: skip
+
+
+def test_fill_batch_drops_uninformative_groups_and_refills_in_order():
+    cands = _candidates([[[0, 0], [1, -1], [0, 0]], [[0, 0], [2, 0], [0, 1]]])
+    batch, kept = fill_batch(cands, 3, dynamic=True)
+    assert batch["id"].tolist() == [1, 11, 12] and kept == 3
+    batch, kept = fill_batch(cands[:1], 3, dynamic=True)  # refills ran out: pad with zeros
+    assert batch["id"].tolist() == [1, 0, 2] and kept == 1
+    batch, kept = fill_batch(cands[:1], 3, dynamic=False)
+    assert batch["id"].tolist() == [0, 1, 2] and kept == 3
+
+
+def test_group_metrics_match_the_enumeration_oracles():
+    rng = np.random.default_rng(0)
+    answers = rng.integers(-1, 3, size=(5, 8)).astype(np.int32)
+    scores = (answers == 0).astype(np.float32)
+    target = np.zeros(5, np.int32)
+    got = evaluation.group_metrics(Verdicts(scores, answers, target))
+    assert evaluation.k_values(8) == [1, 2, 4, 8] and evaluation.k_values(6) == [1, 2, 4, 6]
+    for k in (1, 2, 4, 8):
+        np.testing.assert_allclose(got[f"pass@{k}"], reference.pass_at_k_ref(scores > 0, k).mean(),
+                                   rtol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(got[f"max@{k}"], reference.max_at_k_ref(scores, k).mean(),
+                                   rtol=1e-5)  # fmt: skip
+        maj = reference_majority.majority_at_k_ref(answers, target, k).mean()
+        np.testing.assert_allclose(got[f"maj@{k}"], maj, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
+    # One microbatch so B=8 splits over the 8 test devices.
+    cfg = dataclasses.replace(TINY, steps=6, rl=StepConfig())
+    with pytest.raises(FloatingPointError, match="not finite at RL step 4.*step 3"):
+        train_and_evaluate(cfg, tmp_path, progress=False, inject_nan_at_step=4)
+    with checkpoint.Checkpointer(tmp_path / "checkpoints", cfg.checkpoint) as ckpt:
+        assert ckpt.latest_step() == 3
+        manager_restore = ocp.args.Composite(state=ocp.args.StandardRestore())
+        state = ckpt._manager.restore(3, args=manager_restore).state
+        assert int(state["step"]) == 3  # the good state, all finite
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+    steps = [r["step"] for r in evaluation.read_jsonl(tmp_path / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4]  # step 5 (index 4) was never logged

@@ -1,0 +1,66 @@
+"""kill -9 a real training subprocess mid-run; rerunning the same command ends bitwise equal."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+CMD = [sys.executable, "-m", "experiments.train", "--config=tests/rl/tiny_run.py:tiny"]
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _train(workdir, *extra):
+    return subprocess.run([*CMD, f"--workdir={workdir}", *extra], env=ENV, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def _final(workdir, step):
+    manager = ocp.CheckpointManager(workdir / "checkpoints")
+    state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return state.state
+
+
+def _losses(workdir):
+    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_kill_9_then_rerun_is_bitwise_identical(tmp_path):
+    steps = ["--config.steps=18", "--config.optimizer.total_steps=18"]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    # The uninterrupted run and the one to kill run side by side (2 cores).
+    uninterrupted = subprocess.Popen(
+        [*CMD, f"--workdir={whole}", *steps],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    proc = subprocess.Popen([*CMD, f"--workdir={broken}", *steps], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 300
+    while not (broken / "checkpoints" / "6").exists() and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    out = uninterrupted.communicate(timeout=600)[0]
+    assert uninterrupted.returncode == 0, out[-3000:]
+    assert (whole / "pass_at_k_vs_step.png").exists() and (whole / "pass_at_k_vs_k.png").exists()
+    assert list((whole / "tensorboard").glob("events.out.tfevents.*"))
+    resumed = _train(broken, *steps)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step" in resumed.stdout + resumed.stderr
+
+    a, b = _final(whole, 18), _final(broken, 18)
+    for x, y in zip(ocp.tree.to_flat_dict(a).items(), ocp.tree.to_flat_dict(b).items(),
+                    strict=True):  # fmt: skip
+        assert x[0] == y[0]
+        np.testing.assert_array_equal(np.asarray(x[1]), np.asarray(y[1]), err_msg=str(x[0]))
+    assert _losses(whole) == _losses(broken)
