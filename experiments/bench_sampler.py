@@ -1,0 +1,165 @@
+"""Benchmark: kjax's grouped sampler vs transformers' `generate` at the SmolLM2-135M shape.
+
+  python -m experiments.bench_sampler [--shapes=8x8,64x1 --prompt_len=64 --new_tokens=64]
+
+Random weights of the real shape (throughput does not depend on their values; no stop ids,
+so every sample runs all T tokens). Prints Markdown tables: new tokens/s of both at the same
+B x N, prefill time for N = 1 vs N = 16, KV-cache bytes, and the fraction of this machine's
+measured float32 matmul peak and memory bandwidth. A benchmark, not a test: it prints
+figures, and on a shared CPU they are noisy (run it on a quiet machine to compare).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from absl import app, flags
+from flax import nnx
+
+from kjax import sampling
+from kjax.models import Llama, LlamaConfig, save_hf
+
+flags.DEFINE_list("shapes", ["8x8", "64x1"], "B x N pairs to time.")
+flags.DEFINE_integer("prompt_len", 64, "S: prompt tokens.")
+flags.DEFINE_integer("new_tokens", 64, "T: new tokens per sample.")
+flags.DEFINE_integer("repeats", 3, "Timed calls per figure (the best is reported).")
+flags.DEFINE_bool("transformers", True, "Also time transformers' PyTorch generate.")
+FLAGS = flags.FLAGS
+
+SMOLLM2_135M = LlamaConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+    num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True,
+    bos_id=1, eos_ids=(2,), max_position_embeddings=8192,
+)  # fmt: skip
+
+
+def best_time(fn, repeats: int) -> float:
+    """Best wall time of `repeats` calls of fn() (which blocks until its result is ready)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def machine_roofline(repeats: int) -> tuple[float, float]:
+    """(float32 matmul FLOP/s, memory read bandwidth bytes/s) measured with XLA here."""
+    a = jnp.ones((2048, 2048), jnp.float32)
+    mm = jax.jit(lambda a: a @ a)
+    mm(a).block_until_ready()
+    flops = 2 * 2048**3 / best_time(lambda: mm(a).block_until_ready(), repeats + 2)
+    x = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MiB: far beyond the caches
+    # Read bandwidth (a sum): decoding streams the weights and K/V, it writes little.
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    bandwidth = x.nbytes / best_time(lambda: total(x).block_until_ready(), repeats + 2)
+    return flops, bandwidth
+
+
+def flops_per_token(c: LlamaConfig, context: int) -> float:
+    """Forward FLOPs of one new token: weight matmuls (unembedding included) + attention."""
+    D, F, H, K, E = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    per_layer = D * H * E * 2 + D * K * E * 2 + 3 * D * F
+    return 2 * (c.num_layers * per_layer + D * c.vocab_size) + 4 * c.num_layers * H * E * context
+
+
+def kv_bytes(c: LlamaConfig, B: int, N: int, S: int, T: int, itemsize: int = 4) -> dict:
+    """K/V bytes: kjax (prompt once per prompt + own tokens per sample) vs one cache per
+    sample holding the prompt too (what `generate` with num_return_sequences keeps)."""
+    per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize
+    return {
+        "kjax": per_token * (B * S + B * N * (T - 1)),
+        "per_sample": per_token * B * N * (S + T),
+    }
+
+
+def hf_timings(weights_dir: str, jobs: list[tuple[int, int, int, int]], repeats: int) -> list:
+    """Seconds of transformers' `generate` (sampling, no early stop) per (B, N, S, T) job,
+    on the weights `save_hf` wrote. Runs in its own process: torch's OpenMP threads and
+    XLA's thread pool slow each other down (2x measured here) when they share one."""
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM.from_pretrained(weights_dir, dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    with torch.no_grad():  # warm-up: the first generate call pays one-time setup
+        hf.generate(input_ids=torch.zeros((1, 4), dtype=torch.long), max_new_tokens=2)
+    out = []
+    for B, N, S, T in jobs:
+        ids = torch.tensor(rng.integers(0, hf.config.vocab_size, (B, S)), dtype=torch.long)
+        kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=N,
+                  max_new_tokens=T, min_new_tokens=T, pad_token_id=0)  # fmt: skip
+        with torch.no_grad():
+            run = lambda: hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)  # noqa: B023
+            out.append(best_time(run, repeats))
+    return out
+
+
+def main(_):
+    S, T, repeats = FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats
+    c = SMOLLM2_135M
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in FLAGS.shapes]
+    peak, bandwidth = machine_roofline(repeats)
+    model = Llama(c, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")))
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params()))
+    rng = np.random.default_rng(0)
+
+    def run(prompts, N, T_):
+        mask = np.ones(prompts.shape, bool)
+        out = sampling.sample(model, prompts, mask, key=jax.random.key(0), n=N, max_new_tokens=T_)
+        return jax.block_until_ready(out)
+
+    ours, compile_s = {}, {}
+    for B, N in shapes:
+        prompts = rng.integers(0, c.vocab_size, (B, S)).astype(np.int32)
+        start = time.perf_counter()
+        run(prompts, N, T)
+        compile_s[B, N] = time.perf_counter() - start
+        ours[B, N] = best_time(lambda: run(prompts, N, T), repeats)  # noqa: B023
+    prompts = rng.integers(0, c.vocab_size, (8, S)).astype(np.int32)
+    prefill = {}
+    for N in (1, 16):
+        run(prompts, N, 1)
+        prefill[N] = best_time(lambda: run(prompts, N, 1), repeats)  # noqa: B023
+
+    jobs = [(B, N, S, T) for B, N in shapes] + [(8, 1, S, 1), (8, 16, S, 1)]
+    theirs = [float("nan")] * len(jobs)
+    if FLAGS.transformers:
+        with tempfile.TemporaryDirectory() as weights_dir:
+            save_hf(model, weights_dir)
+            ctx = multiprocessing.get_context("spawn")  # a fresh process without XLA threads
+            with ctx.Pool(1) as pool:
+                theirs = pool.apply(hf_timings, (weights_dir, jobs, 1))
+
+    print(
+        f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s, memory "
+        f"bandwidth {bandwidth / 1e9:.1f} GB/s (measured now; noisy on a shared CPU)\n"
+    )
+    print(f"SmolLM2-135M shape, random weights, S = {S}, T = {T}, temperature 1, no stop ids")
+    print("| B x N | kjax tok/s | transformers tok/s | speedup | kjax compile s | "
+          "% matmul peak | % bandwidth | KV bytes kjax | KV bytes, cache per sample |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (B, N), hf_s in zip(shapes, theirs, strict=False):
+        tok_s, hf_tok_s = B * N * T / ours[B, N], B * N * T / hf_s
+        flop_frac = tok_s * flops_per_token(c, S + T // 2) / peak
+        kv = kv_bytes(c, B, N, S, T)
+        # A decode step reads every weight once plus, on average, half the final K/V.
+        bw_frac = (tok_s / (B * N)) * (param_bytes + kv["kjax"] / 2) / bandwidth
+        print(f"| {B} x {N} | {tok_s:.0f} | {hf_tok_s:.0f} | {tok_s / hf_tok_s:.1f}x | "
+              f"{compile_s[B, N]:.0f} | {100 * flop_frac:.0f}% | {100 * bw_frac:.0f}% | "
+              f"{kv['kjax'] / 2**20:.1f} MiB | {kv['per_sample'] / 2**20:.1f} MiB |")  # fmt: skip
+    print(f"\nPrefill: the whole call at T = 1 (prefill + first draw), B = 8, S = {S}")
+    print("| N | kjax s | transformers s |")
+    print("|---|---|---|")
+    for N, hf_s in zip((1, 16), theirs[-2:], strict=True):
+        print(f"| {N} | {prefill[N]:.3f} | {hf_s:.3f} |")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,382 @@
+"""On-device grouped sampler: prefill each prompt once, draw N samples from it, jit end to end.
+
+The prompt K/V [L,B,S,K,E] is stored once per prompt; each of the B*N samples keeps its own
+K/V for the tokens it generates. Decode attends to both segments and merges them exactly
+(log-sum-exp), inside `lax.while_loop`s that stop as soon as every sample has stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kjax.models import llama
+from kjax.models.config import LlamaConfig
+
+_NUCLEUS_CANDIDATES = 64  # top-p from a top-k of this size; exact fallback: bisection over V
+_FIRST_WINDOW = 16  # own-K/V window of the first decode phase; it doubles each phase
+
+
+class Rollouts(NamedTuple):
+    """What the trainer needs from N samples of each of B prompts.
+
+    tokens: [B,N,T] int32, 0 after a sample stopped.
+    logprobs: [B,N,T] float32, log-probability of each token under the processed
+      (temperature/top-k/top-p) distribution it was drawn from; 0 for greedy.
+    model_logprobs: [B,N,T] float32, under the raw model at temperature 1.
+    mask: [B,N,T] bool, True up to and including a stop token.
+    lengths: [B,N] int32, number of True entries of `mask`.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    model_logprobs: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+
+
+# ----------------------------------------------------------------------------- processing
+
+
+def processed_logprobs(logits, temperature, top_k: int = 0, top_p: float = 1.0):
+    """Log-probabilities [R,V] of the sampling distribution: logits/temperature, then top-k,
+    then top-p (the order of transformers' warpers); -inf outside the support.
+
+    logits: [R,V] float32. temperature: > 0 (scalar, may be traced).
+    Ties at the top-k / top-p boundary are all kept, so the support is deterministic.
+    """
+    scaled = logits / temperature
+    if top_k:
+        kth = jnp.min(_top_values(scaled, top_k), axis=-1, keepdims=True)
+        scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    logp = jax.nn.log_softmax(scaled)
+    if top_p < 1.0:
+        logp = jax.nn.log_softmax(
+            jnp.where(logp >= _nucleus_threshold(logp, top_p), logp, -jnp.inf)
+        )
+    return logp
+
+
+def _top_values(x, k: int):
+    """The k largest values [R,k] of each row of x [R,V], sorted descending. The barrier
+    stops XLA:CPU from turning top_k-then-slice into a full sort (50x slower at V=49152)."""
+    return jax.lax.optimization_barrier(jax.lax.top_k(x, k)[0])
+
+
+def _nucleus_threshold(logp, top_p: float):
+    """Per-row log-prob [R,1] of the least likely token of the top-p nucleus: the smallest
+    set of most likely tokens whose mass reaches top_p (a token stays while the mass strictly
+    above it is < top_p). From the top candidates when they hold top_p of the mass, else
+    from an exact bisection over float32 bit patterns (no sort of V: ~1 s on a CPU)."""
+    V = logp.shape[-1]
+    vals = _top_values(logp, min(V, _NUCLEUS_CANDIDATES))
+    p = jnp.exp(vals)
+    keep = jnp.cumsum(p, axis=-1) - p < top_p
+    threshold = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
+    if vals.shape[-1] == V:
+        return threshold
+    reached = jnp.all(jnp.sum(p, axis=-1) >= top_p)
+    return jax.lax.cond(reached, lambda: threshold, lambda: _bisect_threshold(logp, top_p))
+
+
+def _bisect_threshold(logp, top_p: float):
+    """Same threshold by bisection: non-negative float32s order like their int32 bits, so
+    31 halvings of [bits(0), bits(1)] find the exact boundary token, one pass over V each."""
+    p = jnp.exp(logp)
+    bits = jax.lax.bitcast_convert_type(p, jnp.int32)
+    mass_above = lambda t: jnp.sum(jnp.where(bits > t[:, None], p, 0.0), axis=-1)
+
+    def halve(_, bounds):  # invariant: mass_above(lo) >= top_p > mass_above(hi)
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        above = mass_above(mid) < top_p
+        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+    R = logp.shape[0]
+    one = jax.lax.bitcast_convert_type(jnp.float32(1.0), jnp.int32)
+    bounds = (jnp.full((R,), -1, jnp.int32), jnp.full((R,), one, jnp.int32))
+    _, hi = jax.lax.fori_loop(0, 31, halve, bounds)
+    # Kept: bits >= hi. Return the smallest kept log-prob as the threshold.
+    return jnp.min(jnp.where(bits >= hi[:, None], logp, jnp.inf), axis=-1, keepdims=True)
+
+
+def draw(logp, u):
+    """Inverse-CDF draw from each row of logp [R,V] with one uniform u [R] in [0,1).
+
+    Two levels (blocks of tokens, then tokens within the chosen block) so the cost is one
+    pass over V instead of V random numbers (Gumbel-max) or a length-V cumsum per row.
+    Returns token ids [R] int32, never one of zero probability.
+    """
+    R, V = logp.shape
+    block = min(V, 256)
+    pad = -V % block
+    p = jnp.pad(jnp.exp(logp), ((0, 0), (0, pad))).reshape(R, -1, block)
+    mass = p.sum(-1)  # [R, V/block]
+    target = u * mass.sum(-1)
+    j = _first_above(jnp.cumsum(mass, -1), target, mass > 0)
+    inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [R, block]
+    rest = target - jnp.take_along_axis(jnp.cumsum(mass, -1) - mass, j[:, None], 1)[:, 0]
+    i = _first_above(jnp.cumsum(inner, -1), rest, inner > 0)
+    return (j * block + i).astype(jnp.int32)
+
+
+def _first_above(cdf, target, positive):
+    """First index where cdf [R,C] > target [R] among positive entries; the last positive
+    entry if rounding puts target past the end."""
+    idx = jnp.arange(cdf.shape[-1])
+    hit = (cdf > target[:, None]) & positive
+    first = jnp.min(jnp.where(hit, idx, cdf.shape[-1]), axis=-1)
+    last = jnp.max(jnp.where(positive, idx, -1), axis=-1)
+    return jnp.where(first < cdf.shape[-1], first, last)
+
+
+def _choose(logits, key, temperature, top_k: int, top_p: float, greedy: bool):
+    """One token per row of logits [R,V]: (tokens, logprobs, model_logprobs), each [R].
+
+    `greedy` is static so a sampling run never pays for an argmax over V, nor greedy for
+    the processing."""
+    pick = lambda a, token: jnp.take_along_axis(a, token[:, None], axis=-1)[:, 0]
+    if greedy:
+        # First index of the maximum, as argmax, in two plain reductions (2x faster on CPU).
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        index = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+        token = jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
+        logprob = jnp.zeros(token.shape, jnp.float32)
+    else:
+        logp = processed_logprobs(logits, temperature, top_k, top_p)
+        token = draw(logp, jax.random.uniform(key, logits.shape[:1]))
+        logprob = pick(logp, token)
+    return token, logprob, pick(logits, token) - jax.nn.logsumexp(logits, axis=-1)
+
+
+# ----------------------------------------------------------------------------- model passes
+
+
+class PromptCache(NamedTuple):
+    """Shared per-prompt state: k, v [L,B,S,K,E] (once per prompt, not per sample);
+    mask [B,S] bool; next_pos [B] int32, the RoPE position of the first generated token."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    next_pos: jax.Array
+
+
+def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32):
+    """Runs B prompts once: (next-token logits [B,V] float32, PromptCache).
+
+    prompts: [B,S] int32; prompt_mask: [B,S] bool, any padding pattern (left is usual).
+    """
+    B, S = prompts.shape
+    positions = llama.default_positions(prompt_mask)
+    mask = jnp.tril(jnp.ones((S, S), bool))[None] & prompt_mask[:, None, :]
+    cos, sin = llama.rope_tables(config, positions)
+
+    def block(x, layer):
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
+        return llama.layer_out(layer, config, x, llama.attention(q, k, v, mask)), (k, v)
+
+    x, (k, v) = jax.lax.scan(block, llama.embed(params, prompts, dtype), params["layers"])
+    last = S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)  # last real token of each row
+    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)  # unembed one position only
+    logits = llama.unembed(params, config, x_last)[:, 0]
+    return logits, PromptCache(k, v, prompt_mask, positions[jnp.arange(B), last] + 1)
+
+
+def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, step, window,
+                   dtype):  # fmt: skip
+    """Feeds token `step - 1` of every sample: tokens [B,N] -> (logits [B*N,V], k, v
+    [L,B*N,1,K,E] of the fed token). Attention = prompt K/V (shared by the N samples of a
+    prompt: they are the query axis) + own K/V slots [0, step-1) read from a static
+    `window` + the fed token itself, merged by log-sum-exp."""
+    B, N = tokens.shape
+    H, E = config.num_heads, config.head_dim
+    x = llama.embed(params, tokens.reshape(B * N, 1), dtype)
+    pos = jnp.repeat(prompt.next_pos, N) + step - 1
+    cos, sin = llama.rope_tables(config, pos[:, None])
+    prompt_mask = jnp.broadcast_to(prompt.mask[:, None, :], (B, N, prompt.mask.shape[1]))
+    past_mask = jnp.broadcast_to(jnp.arange(window) < step - 1, (B * N, 1, window))
+    self_mask = jnp.ones((B * N, 1, 1), bool)
+
+    def block(x, inputs):
+        layer, pk, pv, ok, ov = inputs
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
+        out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, prompt_mask, with_lse=True)
+        parts = [
+            (out.reshape(B * N, 1, H, E), lse.reshape(B * N, 1, H)),
+            llama.attention(q, ok[:, :window], ov[:, :window], past_mask, with_lse=True),
+            llama.attention(q, k, v, self_mask, with_lse=True),
+        ]
+        return llama.layer_out(layer, config, x, llama.merge_attention(parts)), (k, v)
+
+    xs = (params["layers"], prompt.k, prompt.v, own_k, own_v)
+    x, (k, v) = jax.lax.scan(block, x, xs)
+    return llama.unembed(params, config, x)[:, 0], k, v
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+class _Loop(NamedTuple):
+    """Decode-loop carry: step (int32, index of the token drawn next), done [B,N] (stop
+    id emitted), own_k/own_v [L,B*N,C,K,E] (each sample's K/V of the tokens it fed),
+    out (Rollouts buffers [B,N,T]; lengths filled at the end)."""
+
+    step: jax.Array
+    done: jax.Array
+    own_k: jax.Array
+    own_v: jax.Array
+    out: Rollouts
+
+
+def _phases(T: int) -> list[tuple[int, int]]:
+    """(own-K/V window, exclusive end step) of each decode loop. Step i reads i - 1 past
+    slots, so a window w serves steps up to w + 1; windows double, so the attention work
+    over own K/V stays within 2x of the valid prefix while every shape stays static."""
+    slots, phases, w = max(T - 1, 1), [], min(_FIRST_WINDOW, max(T - 1, 1))
+    while not phases or phases[-1][1] < T:
+        phases.append((w, min(w + 2, T)))
+        w = min(2 * w, slots)
+    return phases
+
+
+def _record(out: Rollouts, step, done, token, logprob, model_logprob, stop_ids):
+    """Writes column `step` of the buffers; returns (out, done). All values [B,N]."""
+    live = ~done
+    put = lambda buf, val: jax.lax.dynamic_update_index_in_dim(buf, val.astype(buf.dtype), step, 2)
+    out = out._replace(
+        tokens=put(out.tokens, jnp.where(live, token, 0)),
+        logprobs=put(out.logprobs, jnp.where(live, logprob, 0.0)),
+        model_logprobs=put(out.model_logprobs, jnp.where(live, model_logprob, 0.0)),
+        mask=put(out.mask, live),
+    )
+    stopped = jnp.isin(token, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
+    return out, done | (live & stopped)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "n", "max_new_tokens", "top_k", "top_p", "stop_ids",
+                              "greedy", "dtype")
+)  # fmt: skip
+def sample_params(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfig, n: int,
+                  max_new_tokens: int, top_k: int = 0, top_p: float = 1.0,
+                  stop_ids: tuple[int, ...] = (), greedy: bool = False,
+                  dtype=jnp.float32) -> Rollouts:  # fmt: skip
+    """The jitted core of `sample` on a params dict (kjax.models.llama layout).
+
+    temperature [] float32 > 0 is traced (changing it does not recompile); greedy=True
+    ignores it. The other options are static.
+    """
+    B, S = prompts.shape
+    N, T, L = n, max_new_tokens, config.num_layers
+    prompt_mask = prompt_mask.astype(bool)
+    logits, prompt = prefill(params, config, prompts, prompt_mask, dtype)
+    choose = functools.partial(
+        _choose, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
+    )
+
+    zeros = lambda dt: jnp.zeros((B, N, T), dt)
+    out = Rollouts(zeros(jnp.int32), zeros(jnp.float32), zeros(jnp.float32), zeros(bool),
+                   jnp.zeros((B, N), jnp.int32))  # fmt: skip
+    first = choose(jnp.repeat(logits, N, axis=0), jax.random.fold_in(key, 0))
+    out, done = _record(out, 0, jnp.zeros((B, N), bool),
+                        *(a.reshape(B, N) for a in first), stop_ids)  # fmt: skip
+    own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
+    state = _Loop(jnp.int32(1), done, own, own, out)
+
+    for window, end in _phases(T):
+
+        def cond(s: _Loop, end=end):
+            return (s.step < end) & ~jnp.all(s.done)
+
+        def body(s: _Loop, window=window):
+            fed = jax.lax.dynamic_index_in_dim(s.out.tokens, s.step - 1, 2, keepdims=False)
+            logits, k, v = _decode_logits(params, config, prompt, s.own_k, s.own_v, fed,
+                                          s.step, window, dtype)  # fmt: skip
+            at = (0, 0, s.step - 1, 0, 0)
+            own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
+            own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
+            drawn = choose(logits, jax.random.fold_in(key, s.step))
+            out, done = _record(s.out, s.step, s.done, *(a.reshape(B, N) for a in drawn),
+                                stop_ids)  # fmt: skip
+            return _Loop(s.step + 1, done, own_k, own_v, out)
+
+        state = jax.lax.while_loop(cond, body, state)
+
+    out = state.out
+    return out._replace(lengths=out.mask.sum(-1, dtype=jnp.int32))
+
+
+def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tokens: int,
+           temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           stop_ids: tuple[int, ...] = ()) -> Rollouts:  # fmt: skip
+    """Draws n completions of each prompt, on device.
+
+    Args:
+      model: a kjax Llama (its params may be sharded; B follows the prompts' sharding).
+      prompts: [B,S] int32, usually left-padded. prompt_mask: [B,S] bool, False on padding.
+      key: PRNG key; the same key gives the same rollouts, on any mesh.
+      n: samples per prompt (N). max_new_tokens: T.
+      temperature: 0 means greedy. top_k: keep the k most likely tokens (0: all).
+      top_p: keep the smallest set of most likely tokens with mass >= top_p (1: all).
+      stop_ids: a sample stops after emitting one of these (it is kept, mask True).
+    Returns:
+      Rollouts with [B,N,T] arrays and lengths [B,N].
+    """
+    config = model.config
+    # Greedy is a static branch; any positive temperature shares one compilation.
+    greedy = not isinstance(temperature, jax.core.Tracer) and float(temperature) == 0.0
+    _validate(config, prompts, prompt_mask, n, max_new_tokens, temperature, top_k, top_p,
+              stop_ids)  # fmt: skip
+    return sample_params(
+        model.params(), jnp.asarray(prompts, jnp.int32), prompt_mask, key,
+        jnp.asarray(1.0 if greedy else temperature, jnp.float32), config=config, n=n,
+        max_new_tokens=max_new_tokens, top_k=top_k, top_p=float(top_p),
+        stop_ids=tuple(int(i) for i in stop_ids), greedy=greedy, dtype=model.dtype,
+    )  # fmt: skip
+
+
+def _validate(config: LlamaConfig, prompts, prompt_mask, n, max_new_tokens, temperature,
+              top_k, top_p, stop_ids):  # fmt: skip
+    """Raises ValueError naming the argument for any input a user can get wrong."""
+    if not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError(f"n (samples per prompt) must be an int >= 1, got {n!r}")
+    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if np.ndim(prompts) != 2 or np.shape(prompt_mask) != np.shape(prompts):
+        raise ValueError(
+            f"prompts must be [B,S] and prompt_mask the same shape, got {np.shape(prompts)} "
+            f"and {np.shape(prompt_mask)}"
+        )
+    B, S = np.shape(prompts)
+    if B == 0 or S == 0:
+        raise ValueError(f"prompts is empty (shape {(B, S)}): each prompt needs >= 1 token")
+    if not isinstance(prompt_mask, jax.core.Tracer):
+        # A device-side reduction to one bool: works for sharded (multi-host) masks too.
+        has_token = jnp.any(jnp.asarray(prompt_mask, bool), axis=1)
+        if not bool(jnp.all(has_token)):
+            rows = np.flatnonzero(~np.asarray(has_token))[:8].tolist()
+            raise ValueError(f"empty prompt: prompt_mask rows {rows} have no real tokens")
+    context = config.max_position_embeddings
+    if S > context:
+        raise ValueError(f"prompts length S={S} exceeds the model's context of {context} tokens")
+    if S + max_new_tokens > context:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} plus the prompt length S={S} exceeds the model's "
+            f"context of {context} tokens; lower max_new_tokens or truncate the prompts"
+        )
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not isinstance(top_k, int | np.integer) or not 0 <= top_k <= config.vocab_size:
+        raise ValueError(
+            f"top_k must be an int in [0, vocab_size={config.vocab_size}], got {top_k!r}"
+        )
+    if not isinstance(temperature, jax.core.Tracer) and float(temperature) < 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature!r}")
+    bad = [i for i in stop_ids if not 0 <= int(i) < config.vocab_size]
+    if bad:
+        raise ValueError(f"stop_ids {bad} are outside the vocabulary [0, {config.vocab_size})")
