@@ -45,6 +45,8 @@ setup(
             # Test-only reference implementation (transformers' PyTorch Llama). The pin
             # matters: 2.13.0 is the CPU build; an unpinned torch pulls a CUDA build.
             "torch==2.13.0",
+            # transformers needs it to load a GGUF (the SmolLM2 parity reference).
+            "accelerate>=1.0",
         ],
     },
 )

@@ -1,0 +1,345 @@
+"""Llama (Llama 2/3.x, SmolLM2) in Flax NNX over a pure functional core.
+
+Axes (see kjax/__init__.py): B batch, S query length, T key length (or cache length),
+V vocab, D model dim, H heads, K kv heads; here also L layers, F MLP hidden, E head dim.
+
+`Llama` only holds parameters (nnx.Param with logical `axes` metadata for
+kjax.sharding); all math lives in pure functions of a params dict, the layout of
+`nnx.to_pure_dict(nnx.state(model, nnx.Param))`:
+
+  embed [V,D]   final_norm [D]   lm_head [D,V] (untied only)
+  layers: attn_norm [L,D]  q [L,D,H,E]  k, v [L,D,K,E]  o [L,H,E,D]
+          mlp_norm [L,D]  gate, up [L,D,F]  down [L,F,D]
+
+Layers are stacked on a leading L axis and run with `lax.scan` (compile time does not
+grow with depth). The building blocks a sampler composes (issue 4: prefill a prompt
+once, share its K/V across N samples, decode in `lax.while_loop`):
+
+  embed(params, tokens) -> x [B,S,D]
+  rope_tables(config, positions [B,S]) -> (cos, sin) [B,S,E]
+  layer_qkv(layer, config, x, cos, sin) -> q [B,S,H,E], k/v [B,S,K,E] (RoPE applied)
+  attention(q, k, v, mask [B,S,T], with_lse=True) -> out [B,S,H,E] (+ lse [B,S,H])
+  merge_attention([(out, lse), ...]) -> out: softmax over key segments computed apart
+      (shared prompt K/V and per-sample K/V) equals softmax over their concatenation
+  layer_out(layer, config, x, out) -> x: output projection, residual, SwiGLU MLP
+  unembed(params, config, x) -> logits [B,S,V] float32
+
+`layer` is `jax.tree.map(lambda w: w[i], params["layers"])` (or the per-step slice
+inside a scan). `forward` composes them; `prefill`/`decode_step` are a plain KV-cache
+path over the same blocks. Sharing a prompt across N samples, per layer and step: the
+[B,N] new queries, viewed as q [B,N,H,E], attend the prompt's k/v [B,S,K,E] once
+(mask [B,N,S]); viewed as [B*N,1,H,E] they attend their own k/v [B*N,T,K,E]; both with
+`with_lse=True`, then `merge_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kjax.models.config import LlamaConfig
+
+Params = dict[str, Any]
+_NEG = float(jnp.finfo(jnp.float32).min)  # finite, so fully masked rows stay NaN-free
+
+
+class Llama(nnx.Module):
+    """Llama parameters plus `__call__`; see the module docstring for the layout.
+
+    Args:
+      config: model hyperparameters.
+      rngs: initializer randomness (normal(0, 0.02) weights, unit norms).
+      param_dtype: storage dtype of the parameters.
+      dtype: compute dtype (bfloat16 on accelerators); softmax and RMSNorm are float32.
+      remat: recompute each block in the backward pass (long sequences).
+
+    On CPU, `nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg"))` initializes much
+    faster than the default threefry key (whose initializers each take ~1 s to compile).
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        rngs: nnx.Rngs,
+        param_dtype: jnp.dtype = jnp.float32,
+        dtype: jnp.dtype = jnp.float32,
+        remat: bool = False,
+    ):
+        self.config = config
+        self.dtype = dtype
+        self.remat = remat
+        c = config
+        init = nnx.initializers.normal(0.02)
+
+        def param(shape, axes, ones=False):
+            value = (
+                jnp.ones(shape, param_dtype) if ones else init(rngs.params(), shape, param_dtype)
+            )
+            return nnx.Param(value, axes=axes)
+
+        L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
+        H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
+        self.embed = param((c.vocab_size, D), ("vocab", "embed"))
+        self.layers = _Layers(
+            attn_norm=param((L, D), ("layers", "norm"), ones=True),
+            q=param((L, D, H, E), ("layers", "embed", "heads", "head_dim")),
+            k=param((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
+            v=param((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
+            o=param((L, H, E, D), ("layers", "heads", "head_dim", "embed")),
+            mlp_norm=param((L, D), ("layers", "norm"), ones=True),
+            gate=param((L, D, F), ("layers", "embed", "mlp")),
+            up=param((L, D, F), ("layers", "embed", "mlp")),
+            down=param((L, F, D), ("layers", "mlp", "embed")),
+        )
+        self.final_norm = param((D,), ("norm",), ones=True)
+        if not c.tie_embeddings:
+            self.lm_head = param((D, c.vocab_size), ("embed", "vocab"))
+
+    def params(self) -> Params:
+        """The parameters as a plain nested dict of arrays (module-docstring layout)."""
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def __call__(self, tokens, positions=None, attention_mask=None):
+        """Logits [B,S,V] float32 of tokens [B,S] int32; see `forward`."""
+        return forward(
+            self.params(),
+            self.config,
+            tokens,
+            positions,
+            attention_mask,
+            dtype=self.dtype,
+            remat=self.remat,
+        )
+
+
+class _Layers(nnx.Module):
+    def __init__(self, **params: nnx.Param):
+        for name, value in params.items():
+            setattr(self, name, value)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm of x [..., D] accumulated in float32, as transformers computes it."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * y.astype(x.dtype)
+
+
+def inv_frequencies(config: LlamaConfig):
+    """RoPE inverse frequencies [E/2] float32, with llama3 scaling when configured."""
+    E = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, blended, scaled)
+
+
+def rope_tables(config: LlamaConfig, positions):
+    """cos, sin [B,S,E] float32 for positions [B,S] (HF's half-split layout)."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_frequencies(config)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def _rotate(x, cos, sin):
+    """Applies RoPE to x [B,S,N,E] (N heads) with cos/sin [B,S,E]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+def embed(params: Params, tokens, dtype=jnp.float32):
+    """Token embeddings x [B,S,D] of tokens [B,S] int32."""
+    return params["embed"].astype(dtype)[tokens]
+
+
+def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
+    """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k."""
+    h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+    q = jnp.einsum("bsd,dhe->bshe", h, layer["q"].astype(x.dtype))
+    k = jnp.einsum("bsd,dke->bske", h, layer["k"].astype(x.dtype))
+    v = jnp.einsum("bsd,dke->bske", h, layer["v"].astype(x.dtype))
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+def attention(q, k, v, mask, *, with_lse: bool = False):
+    """Grouped-query softmax attention (float32 softmax).
+
+    Args:
+      q: [B,S,H,E] queries. k, v: [B,T,K,E] keys/values, H a multiple of K (query
+        head h reads kv head h // (H/K), as transformers' repeat_kv).
+      mask: [B,S,T] bool, True where query s may attend key t.
+      with_lse: also return the log-sum-exp [B,S,H] of the scores, for merge_attention.
+    Returns:
+      out [B,S,H,E] in q's dtype (and lse [B,S,H] float32).
+    """
+    B, S, H, E = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, S, K, H // K, E)
+    scores = jnp.einsum("bskge,btke->bkgst", qg, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, None, None], scores / math.sqrt(E), _NEG)
+    lse = jax.nn.logsumexp(scores, axis=-1, keepdims=True)
+    probs = jnp.exp(scores - lse).astype(v.dtype)
+    out = jnp.einsum("bkgst,btke->bskge", probs, v).reshape(B, S, H, E)
+    if not with_lse:
+        return out
+    return out, lse[..., 0].transpose(0, 3, 1, 2).reshape(B, S, H)
+
+
+def merge_attention(parts):
+    """Combines attention over disjoint key segments: [(out [B,S,H,E], lse [B,S,H])] -> out."""
+    lses = jnp.stack([lse for _, lse in parts])
+    weights = jax.nn.softmax(lses, axis=0)  # each segment's share of the total mass
+    return sum(w[..., None].astype(o.dtype) * o for w, (o, _) in zip(weights, parts, strict=True))
+
+
+def layer_out(layer: Params, config: LlamaConfig, x, attn):
+    """Residual block tail: x + o(attn), then x + SwiGLU(norm(x)); x [B,S,D], attn [B,S,H,E]."""
+    x = x + jnp.einsum("bshe,hed->bsd", attn, layer["o"].astype(x.dtype))
+    h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+    gate = jnp.einsum("bsd,df->bsf", h, layer["gate"].astype(x.dtype))
+    up = jnp.einsum("bsd,df->bsf", h, layer["up"].astype(x.dtype))
+    return x + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, layer["down"].astype(x.dtype))
+
+
+def unembed(params: Params, config: LlamaConfig, x):
+    """Logits [B,S,V] float32 of final hidden states x [B,S,D]."""
+    h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_embeddings else params["lm_head"]
+    return jnp.einsum("bsd,dv->bsv", h, head.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def default_positions(attention_mask):
+    """Positions [B,S] int32 counting only real tokens: left padding starts at 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(
+    params: Params,
+    config: LlamaConfig,
+    tokens,
+    positions=None,
+    attention_mask=None,
+    *,
+    dtype=jnp.float32,
+    remat: bool = False,
+):
+    """Full causal forward pass.
+
+    Args:
+      params: the parameter dict (module docstring).
+      tokens: [B,S] int32.
+      positions: [B,S] int32 RoPE positions; default counts real tokens (left padding).
+      attention_mask: [B,S] bool/int, 0 on padding keys; default all ones.
+    Returns:
+      logits [B,S,V] float32 (rows of padding positions are meaningless).
+    """
+    B, S = tokens.shape
+    if attention_mask is None:
+        attention_mask = jnp.ones((B, S), bool)
+    attention_mask = attention_mask.astype(bool)
+    if positions is None:
+        positions = default_positions(attention_mask)
+    mask = jnp.tril(jnp.ones((S, S), bool))[None] & attention_mask[:, None, :]
+    cos, sin = rope_tables(config, positions)
+
+    def block(x, layer):
+        q, k, v = layer_qkv(layer, config, x, cos, sin)
+        return layer_out(layer, config, x, attention(q, k, v, mask)), None
+
+    if remat:
+        block = jax.checkpoint(block)
+    x, _ = jax.lax.scan(block, embed(params, tokens, dtype), params["layers"])
+    return unembed(params, config, x)
+
+
+# ----------------------------------------------------------------------------- KV cache
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys/values of a batch: k, v [L,B,T,K,E]; valid [B,T] bool marks
+    written non-padding slots; `end` int32 is the next slot; `next_pos` [B] int32 the
+    RoPE position of each row's next token."""
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    end: jax.Array
+    next_pos: jax.Array
+
+
+def prefill(
+    params: Params, config: LlamaConfig, tokens, attention_mask, max_len: int, *, dtype=jnp.float32
+):
+    """Runs a left-padded prompt batch and returns (logits [B,S,V], KVCache of T=max_len).
+
+    Args:
+      tokens: [B,S] int32. attention_mask: [B,S] bool/int, 0 on (left) padding.
+      max_len: cache length T >= S (prompt plus tokens to decode).
+    """
+    B, S = tokens.shape
+    if max_len < S:
+        raise ValueError(f"max_len={max_len} is shorter than the prompt length {S}")
+    attention_mask = attention_mask.astype(bool)
+    positions = default_positions(attention_mask)
+    mask = jnp.tril(jnp.ones((S, S), bool))[None] & attention_mask[:, None, :]
+    cos, sin = rope_tables(config, positions)
+    pad = ((0, 0), (0, max_len - S), (0, 0), (0, 0))
+
+    def block(x, layer):
+        q, k, v = layer_qkv(layer, config, x, cos, sin)
+        x = layer_out(layer, config, x, attention(q, k, v, mask))
+        return x, (jnp.pad(k, pad), jnp.pad(v, pad))
+
+    x, (ks, vs) = jax.lax.scan(block, embed(params, tokens, dtype), params["layers"])
+    valid = jnp.pad(attention_mask, ((0, 0), (0, max_len - S)))
+    cache = KVCache(ks, vs, valid, jnp.int32(S), positions[:, -1] + 1)
+    return unembed(params, config, x), cache
+
+
+def decode_step(params: Params, config: LlamaConfig, token, cache: KVCache, *, dtype=jnp.float32):
+    """Feeds one token per row: token [B] int32 -> (logits [B,V] float32, updated cache)."""
+    x = embed(params, token[:, None], dtype)
+    cos, sin = rope_tables(config, cache.next_pos[:, None])
+    valid = jax.lax.dynamic_update_slice(
+        cache.valid, jnp.ones((token.shape[0], 1), bool), (0, cache.end)
+    )
+
+    def block(x, inputs):
+        layer, k_cache, v_cache = inputs
+        q, k, v = layer_qkv(layer, config, x, cos, sin)
+        k_cache = jax.lax.dynamic_update_slice(
+            k_cache, k.astype(k_cache.dtype), (0, cache.end, 0, 0)
+        )
+        v_cache = jax.lax.dynamic_update_slice(
+            v_cache, v.astype(v_cache.dtype), (0, cache.end, 0, 0)
+        )
+        out = attention(q, k_cache, v_cache, valid[:, None, :])
+        return layer_out(layer, config, x, out), (k_cache, v_cache)
+
+    x, (ks, vs) = jax.lax.scan(block, x, (params["layers"], cache.k, cache.v))
+    new = KVCache(ks, vs, valid, cache.end + 1, cache.next_pos + 1)
+    return unembed(params, config, x)[:, 0], new

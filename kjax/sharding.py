@@ -1,0 +1,114 @@
+"""Device meshes and parameter shardings from one logical-axis rules table.
+
+Parameters carry logical axis names (nnx.Param metadata `axes`, e.g. ("vocab", "embed"));
+RULES maps each name to mesh axes. Activations shard their batch over ("data", "fsdp").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# The one table: logical axis -> mesh axis (or axes, or None = replicated).
+RULES: Mapping[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "mlp": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "layers": None,
+    "norm": None,
+}
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh over all devices (all hosts) by default.
+
+    One size may be -1 to take the remaining devices; the product must equal the
+    device count.
+    """
+    devices = jax.devices() if devices is None else list(devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"make_mesh: at most one of data/fsdp/tensor may be -1, got {sizes}")
+    known = int(np.prod([s for s in sizes if s != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"make_mesh: {len(devices)} devices do not divide into {sizes}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(
+            f"make_mesh: data*fsdp*tensor = {sizes} needs {int(np.prod(sizes))} devices, "
+            f"there are {len(devices)}; use -1 for one axis to fill the rest"
+        )
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(axes, shape, mesh: Mesh, rules=RULES) -> PartitionSpec:
+    """PartitionSpec of an array with logical `axes` and `shape` on `mesh`.
+
+    A dimension whose size the mesh axes do not divide (e.g. 9 heads over tensor=2) is
+    replicated rather than failing, and a mesh axis is used at most once per array.
+    """
+    used: set[str] = set()
+    spec = []
+    for name, size in zip(axes, shape, strict=True):
+        target = rules.get(name) if name is not None else None
+        names = (target,) if isinstance(target, str) else tuple(target or ())
+        names = tuple(n for n in names if n in mesh.shape and n not in used)
+        if not names or size % int(np.prod([mesh.shape[n] for n in names])):
+            spec.append(None)
+            continue
+        used.update(names)
+        spec.append(names[0] if len(names) == 1 else names)
+    return PartitionSpec(*spec)
+
+
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def shardings_for(tree, mesh: Mesh, rules=RULES):
+    """NamedShardings for an nnx.State (abstract or concrete), same structure.
+
+    Variables without `axes` metadata are replicated.
+    """
+
+    def one(v):
+        axes = v.get_metadata().get("axes")
+        shape = v.shape if hasattr(v, "shape") else np.shape(v[...])
+        spec = PartitionSpec() if axes is None else logical_to_spec(axes, shape, mesh, rules)
+        return v.replace(NamedSharding(mesh, spec))
+
+    return jax.tree.map(one, tree, is_leaf=_is_variable)
+
+
+def batch_sharding(mesh: Mesh, rules=RULES) -> NamedSharding:
+    """Sharding of a [B, ...] activation or input: B over the "batch" rule's mesh axes."""
+    return NamedSharding(mesh, PartitionSpec(rules["batch"]))
+
+
+def create_sharded(make: Callable[[], nnx.Module], mesh: Mesh, rules=RULES) -> nnx.Module:
+    """Builds `make()` with every parameter created directly in its shards.
+
+    Shapes come from `nnx.eval_shape`; then one `jax.jit(..., out_shardings=...)` runs
+    the initializers, so a large model never materializes on a single device.
+    """
+    graphdef, abstract = nnx.split(nnx.eval_shape(make))
+    shardings = shardings_for(abstract, mesh, rules)
+    state = jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def shard(module: nnx.Module, mesh: Mesh, rules=RULES) -> nnx.Module:
+    """Moves an existing module's state onto `mesh` by the rules (a new module)."""
+    graphdef, state = nnx.split(module)
+    return nnx.merge(graphdef, jax.device_put(state, shardings_for(state, mesh, rules)))

@@ -1,0 +1,156 @@
+"""kjax Llama vs transformers' LlamaForCausalLM on tiny random configs (float32, 1e-5)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kjax.models import Llama, LlamaConfig, decode_step, forward, prefill
+from kjax.models import llama as L
+from tests.models.hf_reference import hf_logits, kjax_from_hf, random_hf_model
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+CONFIGS = {
+    "mha": dict(num_key_value_heads=4),
+    "gqa": dict(num_key_value_heads=2),
+    "mqa": dict(num_key_value_heads=1),
+    "tied": dict(tie_word_embeddings=True),
+    # head_dim 16 gives wavelengths on every side of llama3's blending band.
+    "llama3_rope": dict(
+        hidden_size=32,
+        head_dim=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rope_parameters=LLAMA3_ROPE,
+    ),
+    "head_dim_not_d_over_h": dict(head_dim=6),
+}
+
+
+@jax.jit
+def _run(model, tokens, mask=None):
+    return model(tokens, attention_mask=mask)
+
+
+def _tokens(rng, B, S, V=11):
+    return rng.integers(0, V, size=(B, S)).astype(np.int32)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_match_transformers(name):
+    hf = random_hf_model(seed=len(name), **CONFIGS[name])
+    model = kjax_from_hf(hf)
+    tokens = _tokens(np.random.default_rng(0), 2, 40)
+    ours = np.asarray(_run(model, tokens))
+    ref = hf_logits(hf, tokens)
+    assert np.abs(ref).max() > 1.0  # logits large enough for 1e-5 to be a real test
+    np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=0)
+
+
+def test_left_padding_matches_transformers_and_unpadded_rows():
+    hf = random_hf_model(seed=3)
+    model = kjax_from_hf(hf)
+    rng = np.random.default_rng(1)
+    tokens = _tokens(rng, 3, 12)
+    mask = np.ones_like(tokens)
+    mask[1, :4] = 0
+    mask[2, :11] = 0
+    tokens = np.where(mask == 1, tokens, 0)
+    ours = np.asarray(_run(model, tokens, mask))
+    ref = hf_logits(hf, tokens, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(ours[real], ref[real], atol=1e-5, rtol=0)
+    # A padded row equals the same prompt run alone without padding.
+    alone = np.asarray(_run(model, tokens[1:2, 4:]))
+    np.testing.assert_allclose(ours[1, 4:], alone[0], atol=1e-5, rtol=0)
+
+
+def test_kv_cache_decode_equals_full_forward():
+    hf = random_hf_model(seed=4, num_key_value_heads=1)
+    model = kjax_from_hf(hf)
+    params, config = model.params(), model.config
+    rng = np.random.default_rng(2)
+    B, S, T = 2, 5, 7
+    tokens = _tokens(rng, B, S + T)
+    mask = np.ones_like(tokens)
+    mask[0, :2] = 0  # left padding in the prompt of row 0
+    full = np.asarray(jax.jit(forward, static_argnums=1)(params, config, tokens, None, mask))
+    logits, cache = jax.jit(prefill, static_argnums=(1, 4))(
+        params, config, tokens[:, :S], mask[:, :S], S + T
+    )
+    np.testing.assert_allclose(logits[1], full[1, :S], atol=1e-5, rtol=0)
+    step = jax.jit(decode_step, static_argnums=1)
+    for t in range(S, S + T):
+        next_logits, cache = step(params, config, jnp.asarray(tokens[:, t]), cache)
+        np.testing.assert_allclose(next_logits, full[:, t], atol=1e-5, rtol=0)
+
+
+def test_merge_attention_over_key_segments_equals_joint_softmax():
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.normal(size=(2, 3, 4, 8)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(2, 9, 2, 8)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(2, 9, 2, 8)), jnp.float32)
+    mask = jnp.asarray(rng.random((2, 3, 9)) < 0.7).at[:, :, 0].set(True)
+    attention = jax.jit(L.attention, static_argnames="with_lse")
+    joint = attention(q, k, v, mask)
+    parts = [
+        attention(q, k[:, s], v[:, s], mask[:, :, s], with_lse=True)
+        for s in (slice(0, 4), slice(4, 9))
+    ]
+    np.testing.assert_allclose(L.merge_attention(parts), joint, atol=1e-6, rtol=0)
+
+
+def test_bfloat16_compute_is_close_and_returns_float32():
+    hf = random_hf_model(seed=5, std=0.1)
+    tokens = _tokens(np.random.default_rng(4), 2, 16)
+    f32 = _run(kjax_from_hf(hf), tokens)
+    bf16 = _run(kjax_from_hf(hf, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), tokens)
+    assert bf16.dtype == jnp.float32
+    assert 0 < float(jnp.abs(bf16 - f32).max()) < 0.1
+
+
+def test_remat_gives_same_loss_and_gradients():
+    hf = random_hf_model(seed=6)
+    tokens = _tokens(np.random.default_rng(5), 2, 10)
+
+    def loss_and_grad(remat):
+        graphdef, state = nnx.split(kjax_from_hf(hf, remat=remat))
+
+        def loss(state):  # a pure function of the parameters
+            logits = nnx.merge(graphdef, state)(tokens)
+            return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+        return jax.jit(jax.value_and_grad(loss))(state)
+
+    (l0, g0), (l1, g1) = loss_and_grad(False), loss_and_grad(True)
+    np.testing.assert_allclose(l0, l1, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g0, g1)
+    assert float(jnp.abs(nnx.to_pure_dict(g0)["layers"]["q"]).max()) > 0
+
+
+def test_random_init_shapes_and_axes():
+    config = LlamaConfig(
+        vocab_size=11,
+        hidden_size=16,
+        intermediate_size=24,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=4,
+        tie_embeddings=True,
+    )
+    # unsafe_rbg: threefry's initializers take ~1 s each to compile on a small CPU.
+    model = Llama(config, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")))
+    shapes = jax.tree.map(jnp.shape, model.params())
+    assert shapes["layers"]["q"] == (3, 16, 4, 4) and shapes["layers"]["o"] == (3, 4, 4, 16)
+    assert "lm_head" not in shapes
+    assert _run(model, jnp.zeros((1, 5), jnp.int32)).shape == (1, 5, 11)
