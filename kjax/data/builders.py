@@ -51,9 +51,26 @@ def _text(*names: str) -> dict:
     return {n: tfds.features.Text() for n in names}
 
 
-class KjaxArith(tfds.core.GeneratorBasedBuilder):
+class _GeneratedSplits:
+    """Train and test splits drawn from `_problems(spec, split, seed, count)` (a mixin)."""
+
+    _problems = None
+
+    def _split_generators(self, dl_manager):
+        c = self.builder_config
+        sizes = ((synthetic.Split.TRAIN, c.train_size), (synthetic.Split.TEST, c.test_size))
+        return {s.value: self._generate_examples(s, n) for s, n in sizes}
+
+    def _generate_examples(self, split, count):
+        c = self.builder_config
+        for p in type(self)._problems(c.spec, split, c.seed, count):
+            yield p["id"], p
+
+
+class KjaxArith(_GeneratedSplits, tfds.core.GeneratorBasedBuilder):
     """Generated integer arithmetic; pass config=ArithConfig(name=..., spec=...) to vary."""
 
+    _problems = staticmethod(synthetic.arith_problems)
     VERSION = _V1
     BUILDER_CONFIGS = [ArithConfig(name="default")]
 
@@ -61,22 +78,11 @@ class KjaxArith(tfds.core.GeneratorBasedBuilder):
         features = tfds.features.FeaturesDict({**_text("id", "question"), "answer": np.int64})
         return tfds.core.DatasetInfo(builder=self, features=features)
 
-    def _split_generators(self, dl_manager):
-        c = self.builder_config
-        return {
-            s.value: self._generate_examples(s, n)
-            for s, n in ((synthetic.Split.TRAIN, c.train_size), (synthetic.Split.TEST, c.test_size))
-        }
 
-    def _generate_examples(self, split, count):
-        c = self.builder_config
-        for p in synthetic.arith_problems(c.spec, split, c.seed, count):
-            yield p["id"], p
-
-
-class KjaxCountdown(tfds.core.GeneratorBasedBuilder):
+class KjaxCountdown(_GeneratedSplits, tfds.core.GeneratorBasedBuilder):
     """Generated Countdown puzzles (each has at least one solution)."""
 
+    _problems = staticmethod(synthetic.countdown_problems)
     VERSION = _V1
     BUILDER_CONFIGS = [CountdownConfig(name="default")]
 
@@ -87,18 +93,6 @@ class KjaxCountdown(tfds.core.GeneratorBasedBuilder):
             "target": np.int64,
         })  # fmt: skip
         return tfds.core.DatasetInfo(builder=self, features=features)
-
-    def _split_generators(self, dl_manager):
-        c = self.builder_config
-        return {
-            s.value: self._generate_examples(s, n)
-            for s, n in ((synthetic.Split.TRAIN, c.train_size), (synthetic.Split.TEST, c.test_size))
-        }
-
-    def _generate_examples(self, split, count):
-        c = self.builder_config
-        for p in synthetic.countdown_problems(c.spec, split, c.seed, count):
-            yield p["id"], p
 
 
 def _jsonl_splits(dl_manager, fmt_name: str) -> dict[str, Path]:
