@@ -108,16 +108,10 @@ def _jsonl_splits(dl_manager, fmt_name: str) -> dict[str, Path]:
     return found
 
 
-class MathJsonl(tfds.core.GeneratorBasedBuilder):
-    """MATH / GSM8K / HARP from <manual_dir>/<math|gsm8k|harp>/<split>.jsonl."""
+class _JsonlSplits:
+    """One split per <manual_dir>/<format>/<split>.jsonl, rows parsed by `_parse` (a mixin)."""
 
-    VERSION = _V1
-    BUILDER_CONFIGS = [MathConfig(name=f.value, format=f) for f in formats.MathFormat]
-    MANUAL_DOWNLOAD_INSTRUCTIONS = "Place <format>/<split>.jsonl under manual_dir (BUILD.md)."
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        features = tfds.features.FeaturesDict(_text("id", "problem", "answer", "source"))
-        return tfds.core.DatasetInfo(builder=self, features=features)
+    _parse = None
 
     def _split_generators(self, dl_manager):
         fmt = self.builder_config.format
@@ -126,14 +120,27 @@ class MathJsonl(tfds.core.GeneratorBasedBuilder):
         }
 
     def _generate_examples(self, path):
-        fmt = self.builder_config.format
-        rows = formats.read_jsonl(path, lambda row, i: formats.parse_math(row, fmt, i))
-        yield from enumerate(rows)
+        fmt, parse = self.builder_config.format, type(self)._parse
+        yield from enumerate(formats.read_jsonl(path, lambda row, i: parse(row, fmt, i)))
 
 
-class CodeJsonl(tfds.core.GeneratorBasedBuilder):
+class MathJsonl(_JsonlSplits, tfds.core.GeneratorBasedBuilder):
+    """MATH / GSM8K / HARP from <manual_dir>/<math|gsm8k|harp>/<split>.jsonl."""
+
+    _parse = staticmethod(formats.parse_math)
+    VERSION = _V1
+    BUILDER_CONFIGS = [MathConfig(name=f.value, format=f) for f in formats.MathFormat]
+    MANUAL_DOWNLOAD_INSTRUCTIONS = "Place <format>/<split>.jsonl under manual_dir (BUILD.md)."
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        features = tfds.features.FeaturesDict(_text("id", "problem", "answer", "source"))
+        return tfds.core.DatasetInfo(builder=self, features=features)
+
+
+class CodeJsonl(_JsonlSplits, tfds.core.GeneratorBasedBuilder):
     """CodeContests / TACO (stdin/stdout tests) from <manual_dir>/<format>/<split>.jsonl."""
 
+    _parse = staticmethod(formats.parse_code)
     VERSION = _V1
     BUILDER_CONFIGS = [CodeConfig(name=f.value, format=f) for f in formats.CodeFormat]
     MANUAL_DOWNLOAD_INSTRUCTIONS = MathJsonl.MANUAL_DOWNLOAD_INSTRUCTIONS
@@ -145,17 +152,6 @@ class CodeJsonl(tfds.core.GeneratorBasedBuilder):
             "outputs": tfds.features.Sequence(tfds.features.Text()),
         })  # fmt: skip
         return tfds.core.DatasetInfo(builder=self, features=features)
-
-    def _split_generators(self, dl_manager):
-        fmt = self.builder_config.format
-        return {
-            s: self._generate_examples(p) for s, p in _jsonl_splits(dl_manager, fmt.value).items()
-        }
-
-    def _generate_examples(self, path):
-        fmt = self.builder_config.format
-        rows = formats.read_jsonl(path, lambda row, i: formats.parse_code(row, fmt, i))
-        yield from enumerate(rows)
 
 
 def humaneval_file() -> Path:
