@@ -4,7 +4,8 @@ Metrics (unbiased from N >= k samples, [B, N] -> [B]):
   pass_at_k, max_at_k, majority_at_k.
 Advantages ([B, N] -> [B, N], under stop_gradient):
   mean_advantages (k = 1: RLOO, Dr.GRPO, GRPO), max_at_k_advantages (pass@k / max@k:
-  PKPO, Tang et al., Chen et al.), majority_at_k_advantages (Tang et al.),
+  PKPO, Tang et al., Chen et al., MaxPO's L2O), max_at_k_mixture_advantages (sum_k
+  w_k max@k; MaxRL via maxrl_weights), majority_at_k_advantages (Tang et al.),
   max_at_k_offpolicy_advantages (Bagirov et al.).
 Related objectives of the seed papers live in `related`. Every function has a slow
 float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`).
@@ -19,20 +20,21 @@ from kjax.objectives.advantages import (
 )
 from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
 from kjax.objectives.metrics import max_at_k, pass_at_k
+from kjax.objectives.mixture import max_at_k_mixture_advantages, maxrl_weights
 from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
-from kjax.objectives.related import bon_aware_weight, borda_vote, self_certainty
+from kjax.objectives.related import bon_aware_weight
 
 __all__ = [
     "MaxAtKEstimator",
     "bon_aware_weight",
-    "borda_vote",
-    "self_certainty",
     "MeanBaseline",
     "majority_at_k",
     "majority_at_k_advantages",
     "max_at_k",
     "max_at_k_advantages",
+    "max_at_k_mixture_advantages",
     "max_at_k_offpolicy_advantages",
+    "maxrl_weights",
     "mean_advantages",
     "pass_at_k",
 ]
