@@ -25,9 +25,10 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import tiny_arith
+from kjax.data.loader import Position
 from kjax.rl import loop
-from kjax.rl.config import ModelConfig, SFTConfig, TaskConfig
-from kjax.rl.objective import Objective, ObjectiveConfig
+from kjax.rl.config import ModelConfig, Objective, ObjectiveConfig, SFTConfig, TaskConfig
+from kjax.rl.train_step import RLBatch
 
 flags.DEFINE_list("shapes", ["tiny_arith"], "tiny_arith and/or smollm2.")
 flags.DEFINE_integer("steps", 5, "Timed RL steps per shape (after 2 warm-up steps).")
@@ -71,26 +72,26 @@ def config(shape: str, workdir: str):
 def bench(shape: str) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         cfg = config(shape, workdir)
-        run = loop.Run(cfg, workdir, log=lambda *a: None)
+        c, state = loop.build_components(cfg, workdir, log=lambda *a: None)
         if shape == "smollm2":  # the real vocabulary size: random-token prompts, same shapes
-            _widen_vocab(run, 49152)
-        batches = loop.loader.batches(run.task.train, loop.loader.LoaderConfig(cfg.batch_prompts),
-                                      num_epochs=None)  # fmt: skip
-        position, rows = loop.loader.Position(), []
-        for step in range(2 + FLAGS.steps):
-            row, position = loop.rl_step(run, step, batches, position, None, None)
+            c, state = _widen_vocab(c, 49152)
+        batches = loop.Batches(c.task.train, cfg.batch_prompts, cfg.seed, Position())
+        rows = []
+        for _ in range(2 + FLAGS.steps):
+            state, row = loop.rl_step(c, state, batches)
             rows.append(row)
+        c.close()
         timed = rows[2:]
         mean = {n: float(np.mean([r[f"time/{n}"] for r in timed]))
                 for n in ("sample", "verify", "advantages", "update", "step")}  # fmt: skip
-        flops = _update_flops(run, cfg)
-        tokens = cfg.batch_prompts * cfg.samples * (run.task.prompt_len + cfg.max_new_tokens)
+        flops = _update_flops(c, state, cfg)
+        tokens = cfg.batch_prompts * cfg.samples * (c.task.prompt_len + cfg.max_new_tokens)
         peak, source = peak_tflops()
         achieved = flops / mean["update"] / 1e12
         return {
             "shape": shape, "B": cfg.batch_prompts, "N": cfg.samples,
-            "S": run.task.prompt_len, "T": cfg.max_new_tokens,
-            "params": int(sum(x.size for x in jax.tree.leaves(run.state.params))),
+            "S": c.task.prompt_len, "T": cfg.max_new_tokens,
+            "params": int(sum(x.size for x in jax.tree.leaves(state.params))),
             "seconds": mean, "update_tokens_per_s": tokens / mean["update"],
             "update_tflops": flops / 1e12, "achieved_tflops_per_s": achieved,
             "peak_tflops_per_s": peak, "peak_source": source, "mfu": achieved / peak,
@@ -98,44 +99,42 @@ def bench(shape: str) -> dict:
         }  # fmt: skip
 
 
-def _widen_vocab(run, vocab: int) -> None:
+def _widen_vocab(c, vocab: int):
     """Re-initialises the bench model with a real-size vocabulary (the char tokenizer only
     uses its first ids, which keeps verification meaningful and shapes realistic)."""
+    import functools
+
     from flax import nnx
 
     from kjax import sharding
     from kjax.models import Llama
+    from kjax.rl.train_step import init_train_state, make_train_step, shardings_of
+    from kjax.sampling import sample_params
 
-    config = dataclasses.replace(run.model_config, vocab_size=vocab)
+    config = dataclasses.replace(c.model_config, vocab_size=vocab)
     make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(0)))  # noqa: E731
-    params = sharding.create_sharded(make, run.mesh).params()
-    optimizer = loop.make_optimizer(run.cfg.optimizer)
-    run.model_config = config
-    run.state = loop.init_train_state(params, optimizer, jax.random.key(0), run.mesh)
-    run.step_fn = loop.make_train_step(config, run.cfg.rl, run.cfg.objective, optimizer,
-                                       run.mesh, loop.shardings_of(run.state))  # fmt: skip
-    run.sampler = _resample(run, config)
+    params = sharding.create_sharded(make, c.mesh).params()
+    state = init_train_state(params, c.optimizer, jax.random.key(0), c.mesh)
+    dtype = c.cfg.model.compute_dtype
+    step_fn = make_train_step(config, c.cfg.rl, c.optimizer, c.mesh, shardings_of(state),
+                              dtype=dtype)  # fmt: skip
+    sampler = functools.partial(sample_params, config=config, dtype=dtype,
+                                max_new_tokens=c.cfg.max_new_tokens,
+                                stop_ids=c.task.stop_ids)  # fmt: skip
+    return dataclasses.replace(c, model_config=config, step_fn=step_fn, sampler=sampler), state
 
 
-def _resample(run, config):
-    import functools
-
-    return functools.partial(loop.sample_params, config=config,
-                             max_new_tokens=run.cfg.max_new_tokens, stop_ids=run.task.stop_ids,
-                             dtype=run.dtype)  # fmt: skip
-
-
-def _update_flops(run, cfg) -> float:
-    B, N, S, T = cfg.batch_prompts, cfg.samples, run.task.prompt_len, cfg.max_new_tokens
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=run.batch_sh)
-    batch = loop.RLBatch(
+def _update_flops(c, state, cfg) -> float:
+    B, N, S, T = cfg.batch_prompts, cfg.samples, c.task.prompt_len, cfg.max_new_tokens
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=c.batch_sharding)  # noqa: E731
+    batch = RLBatch(
         spec((B, S), jnp.int32), spec((B, S), bool), spec((B, N, T), jnp.int32),
         spec((B, N, T), bool), spec((B, N, T), jnp.float32), spec((B, N), jnp.float32),
         spec((B, N), jnp.float32),
     )  # fmt: skip
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                         run.state)  # fmt: skip
-    compiled = run.step_fn.lower(state, batch, None, cfg.objective.k).compile()
+                         state)  # fmt: skip
+    compiled = c.step_fn.lower(state, batch, None, np.int32(cfg.objective.k)).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost.get("flops", 0.0))

@@ -59,10 +59,11 @@ def plot_comparison(rows: dict[str, tuple[dict, dict]], path: pathlib.Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ks = sorted(int(key.split("@")[1]) for key in next(iter(rows.values()))[0]
-                if key.startswith("eval/pass@"))  # fmt: skip
-    fig, ax = plt.subplots(figsize=(6, 4))
+    from kjax.evaluation import k_values
+
     before = next(iter(rows.values()))[0]
+    ks = [k for k in k_values(max(KS)) if f"eval/pass@{k}" in before]
+    fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ks, [before[f"eval/pass@{k}"] for k in ks], "k--", marker="o", label="before RL")
     for label, (_, after) in rows.items():
         ax.plot(ks, [after[f"eval/pass@{k}"] for k in ks], marker="o", label=f"after {label}")

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg, workdir = parse(sys.argv[1:] if argv is None else argv)
-        from kjax.rl.loop import maybe_initialize_distributed
+        from kjax.rl.multihost import maybe_initialize_distributed
 
         maybe_initialize_distributed()
         cfg.validate(jax.device_count())
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FloatingPointError) as e:  # workdir identity, NaN stop
         print(f"experiments.train: error: {e}", file=sys.stderr)
         return 3 if isinstance(e, FloatingPointError) else 2
-    ks = sorted({int(k.split("@")[1]) for k in final if k.startswith("eval/pass@")})
+    from kjax.evaluation import k_values
+
+    ks = [k for k in k_values(cfg.eval.n_eval) if f"eval/pass@{k}" in final]
     print(" ".join(f"pass@{k}={final[f'eval/pass@{k}']:.3f}" for k in ks))
     return 0
 

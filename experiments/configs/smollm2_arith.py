@@ -13,11 +13,19 @@ Presets: mean, passk.
 
 import dataclasses
 
-from kjax.checkpoint import CheckpointConfig
-from kjax.rl.config import EvalConfig, ModelConfig, ModelKind, TaskConfig, TrainConfig
-from kjax.rl.objective import Objective, ObjectiveConfig
-from kjax.rl.optim import OptimizerConfig
-from kjax.rl.train_step import StepConfig
+from kjax.rl.config import (
+    CheckpointConfig,
+    EvalConfig,
+    ModelConfig,
+    ModelKind,
+    Objective,
+    ObjectiveConfig,
+    Operator,
+    OptimizerConfig,
+    StepConfig,
+    TaskConfig,
+    TrainConfig,
+)
 
 BASE = TrainConfig(
     name="smollm2_arith",
@@ -29,8 +37,13 @@ BASE = TrainConfig(
     optimizer=OptimizerConfig(learning_rate=2e-6, warmup_steps=3, total_steps=30),
     model=ModelConfig(kind=ModelKind.PRETRAINED, name="smollm2-135m-instruct"),
     task=TaskConfig(
-        digits=1, operands=2, operators="+-", train_size=150, test_size=16, max_prompt_tokens=96
-    ),  # fmt: skip
+        digits=1,
+        operands=2,
+        operators=(Operator.ADD, Operator.SUB),
+        train_size=150,
+        test_size=16,
+        max_prompt_tokens=96,
+    ),
     eval=EvalConfig(every=10, n_eval=8, problems=16),
     checkpoint=CheckpointConfig(every=10, keep=2),
 )

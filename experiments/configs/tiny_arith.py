@@ -12,11 +12,20 @@ objective buys pass@1 and loses pass@16, the pass@k objective buys pass@16. Pres
 
 import dataclasses
 
-from kjax.checkpoint import CheckpointConfig
-from kjax.rl.config import EvalConfig, ModelConfig, SFTConfig, TaskConfig, TrainConfig
-from kjax.rl.objective import Objective, ObjectiveConfig
-from kjax.rl.optim import OptimizerConfig
-from kjax.rl.train_step import PolicyLoss, StepConfig
+from kjax.rl.config import (
+    CheckpointConfig,
+    EvalConfig,
+    ModelConfig,
+    Objective,
+    ObjectiveConfig,
+    Operator,
+    OptimizerConfig,
+    PolicyLoss,
+    SFTConfig,
+    StepConfig,
+    TaskConfig,
+    TrainConfig,
+)
 
 BASE = TrainConfig(
     name="tiny_arith",
@@ -28,11 +37,13 @@ BASE = TrainConfig(
     rl=StepConfig(loss=PolicyLoss.PG),
     optimizer=OptimizerConfig(
         learning_rate=1e-3, warmup_steps=5, total_steps=300, end_lr_ratio=0.1, max_grad_norm=1.0
-    ),  # fmt: skip
+    ),
     model=ModelConfig(
         hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
-    ),  # fmt: skip
-    task=TaskConfig(digits=2, operands=2, operators="+-", train_size=4000, test_size=200),
+    ),
+    task=TaskConfig(
+        digits=2, operands=2, operators=(Operator.ADD, Operator.SUB), train_size=4000, test_size=200
+    ),
     sft=SFTConfig(steps=1500, batch_size=64, learning_rate=3e-3),
     eval=EvalConfig(every=50, n_eval=16, problems=200),
     checkpoint=CheckpointConfig(every=50, keep=2),

@@ -1,7 +1,8 @@
-"""RL training toward k-sample objectives: losses, objective routing, k schedules, optimizer.
+"""RL training toward k-sample objectives: configs, losses, objective routing, the update, the loop.
 
 Pure functions of explicit [B, N, T] arrays (B prompts, N samples, T completion tokens).
-Advantages are in the sum convention throughout (see kjax.rl.objective).
+Advantages are in the sum convention throughout (see kjax.rl.objective). Configuration
+types: kjax.rl.config (a leaf module).
 """
 
 from kjax.rl.losses import (
@@ -15,6 +16,7 @@ from kjax.rl.losses import (
     policy_gradient_loss,
     ppo_clip_loss,
     sequence_logprob,
+    token_entropy,
     token_logprobs,
     truncated_importance_weights,
 )
@@ -46,6 +48,7 @@ __all__ = [
     "policy_gradient_loss",
     "ppo_clip_loss",
     "sequence_logprob",
+    "token_entropy",
     "token_logprobs",
     "truncated_importance_weights",
 ]

@@ -1,8 +1,10 @@
-"""Typed, frozen run configuration of experiments.train, and `--config.a.b=value` overrides.
+"""Typed, frozen configuration of an RL run, and `--config.a.b=value` overrides.
 
-Every option has one default here; presets in experiments/configs/ replace a few fields.
-`TrainConfig.validate(devices)` checks cross-field constraints before any compute and
-names the offending field.
+A leaf module: it imports option vocabularies only (the estimator enums of
+kjax.objectives, the arithmetic operators, CheckpointConfig), never the kjax.rl code it
+configures. Every option has one default here; each group validates its own fields on
+construction and `TrainConfig.validate(devices)` checks what spans groups. Presets in
+experiments/configs/ replace a few fields.
 """
 
 from __future__ import annotations
@@ -10,27 +12,66 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import math
 
 from kjax.checkpoint import CheckpointConfig
-from kjax.rl.objective import KSchedule, ObjectiveConfig, coerce_enum
-from kjax.rl.optim import OptimizerConfig
-from kjax.rl.train_step import StepConfig
+from kjax.data.synthetic import Operator
+from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
+from kjax.rl._fields import check_int, coerce_enum, coerce_enums, is_real, need
+from kjax.rl.objective_config import (
+    OFFPOLICY_ESTIMATORS,
+    KSchedule,
+    KScheduleKind,
+    Objective,
+    ObjectiveConfig,
+)
+from kjax.rl.step_config import (
+    KLEstimator,
+    LossAggregation,
+    OffPolicyMaxAtK,
+    OptimizerConfig,
+    PolicyLoss,
+    StepConfig,
+)
+
+__all__ = [
+    "CheckpointConfig",
+    "DType",
+    "EvalConfig",
+    "KLEstimator",
+    "KSchedule",
+    "KScheduleKind",
+    "LossAggregation",
+    "MaxAtKEstimator",
+    "MeanBaseline",
+    "MeshConfig",
+    "ModelConfig",
+    "ModelKind",
+    "Objective",
+    "ObjectiveConfig",
+    "OffPolicyMaxAtK",
+    "Operator",
+    "OptimizerConfig",
+    "PolicyLoss",
+    "SFTConfig",
+    "SFTLoss",
+    "StepConfig",
+    "TaskConfig",
+    "TaskKind",
+    "TrainConfig",
+    "coerce_enum",
+    "override",
+    "to_json",
+]
+
+
+# -------------------------------------------------------------------------------- model
 
 
 class ModelKind(enum.Enum):
     TINY = "tiny"  # a random-init Llama of the sizes below, character tokenizer
     PRETRAINED = "pretrained"  # kjax.models.pretrained(name), its tokenizer + chat template
     HF_DIR = "hf_dir"  # a local Hugging Face directory (safetensors), e.g. Llama-3.1-8B
-
-
-class TaskKind(enum.Enum):
-    ARITH = "arith"  # kjax_arith, generated
-    MATH = "math"  # math_jsonl builder over <task.manual_dir>/math/*.jsonl
-
-
-class SFTLoss(enum.Enum):
-    CE = "ce"  # token-mean cross-entropy
-    DCO = "dco"  # Chen et al. 2025's confidence-limiting loss at N = sft.dco_n
 
 
 class DType(enum.Enum):
@@ -48,7 +89,67 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 192
-    dtype: DType = DType.FLOAT32  # compute dtype
+    dtype: DType = DType.FLOAT32  # compute dtype (sampler, train step, SFT)
+
+    def __post_init__(self):
+        coerce_enums(self, "model.")
+        for field in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+        ):
+            check_int(getattr(self, field), f"config.model.{field}", 1)
+        need(
+            self.hidden_size % self.num_heads == 0,
+            "model.hidden_size",
+            f"must be a multiple of model.num_heads={self.num_heads}",
+            self.hidden_size,
+        )
+        need(
+            self.num_heads % self.num_kv_heads == 0,
+            "model.num_kv_heads",
+            f"must divide model.num_heads={self.num_heads}",
+            self.num_kv_heads,
+        )
+
+    @property
+    def compute_dtype(self):
+        """The one dtype resolution (a jnp dtype) used by the model, sampler and updates."""
+        import jax.numpy as jnp
+
+        return jnp.dtype(self.dtype.value)
+
+
+# --------------------------------------------------------------------------- task, SFT
+
+
+class TaskKind(enum.Enum):
+    ARITH = "arith"  # kjax_arith, generated
+    MATH = "math"  # math_jsonl builder over <task.manual_dir>/math/*.jsonl
+
+
+class SFTLoss(enum.Enum):
+    CE = "ce"  # token-mean cross-entropy
+    DCO = "dco"  # Chen et al. 2025's confidence-limiting loss at N = sft.dco_n
+
+
+def _operators(value) -> tuple[Operator, ...]:
+    """A tuple of Operator from members, values ("+-" or "+,-") or names ("add,sub")."""
+    if isinstance(value, str):
+        value = value.split(",") if "," in value else list(value)
+    if not isinstance(value, tuple | list) or not value:
+        raise ValueError(
+            f"`config.task.operators` must be a non-empty tuple of Operator; got {value!r}."
+        )
+    ops = tuple(
+        coerce_enum(v.strip() if isinstance(v, str) else v, Operator, "config.task.operators")
+        for v in value
+    )
+    if len(set(ops)) != len(ops):
+        raise ValueError(f"`config.task.operators` repeats an operator; got {value!r}.")
+    return ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +157,25 @@ class TaskConfig:
     kind: TaskKind = TaskKind.ARITH
     digits: int = 2
     operands: int = 2
-    operators: str = "+-"  # any of "+-*"
+    operators: tuple[Operator, ...] = (Operator.ADD, Operator.SUB)
     train_size: int = 4000
     test_size: int = 200
     data_seed: int = 0
     manual_dir: str = ""  # MATH: directory holding math/{train,test}.jsonl
     max_prompt_tokens: int = 0  # 0: the task's bound (TINY arith); prompts left-pad to it
+
+    def __post_init__(self):
+        coerce_enums(self, "task.")
+        object.__setattr__(self, "operators", _operators(self.operators))
+        for field, low in (
+            ("digits", 1),
+            ("operands", 2),
+            ("train_size", 1),
+            ("test_size", 1),
+            ("data_seed", 0),
+            ("max_prompt_tokens", 0),
+        ):
+            check_int(getattr(self, field), f"config.task.{field}", low)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +189,18 @@ class SFTConfig:
     dco_n: int = 16
     cache_dir: str = ""
 
+    def __post_init__(self):
+        coerce_enums(self, "sft.")
+        check_int(self.steps, "config.sft.steps", 0)
+        check_int(self.batch_size, "config.sft.batch_size", 1)
+        check_int(self.dco_n, "config.sft.dco_n", 1)
+        need(
+            is_real(self.learning_rate) and self.learning_rate > 0,
+            "sft.learning_rate",
+            "must be > 0",
+            self.learning_rate,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -83,12 +209,63 @@ class EvalConfig:
     problems: int = 64
     temperature: float = 1.0
 
+    def __post_init__(self):
+        n = self.n_eval
+        need(
+            isinstance(n, int) and n >= 1 and n & (n - 1) == 0,
+            "eval.n_eval",
+            "must be a power of 2",
+            n,
+        )
+        check_int(self.every, "config.eval.every", 1)
+        check_int(self.problems, "config.eval.problems", 1)
+        need(
+            is_real(self.temperature) and self.temperature > 0,
+            "eval.temperature",
+            "must be > 0",
+            self.temperature,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
+    """Mesh axis sizes; one may be -1 (the remaining devices)."""
+
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+
+    def __post_init__(self):
+        sizes = [self.data, self.fsdp, self.tensor]
+        need(
+            all(isinstance(s, int) and (s >= 1 or s == -1) for s in sizes) and sizes.count(-1) <= 1,
+            "mesh",
+            "sizes must be >= 1 with at most one -1",
+            sizes,
+        )
+
+    def resolve(self, devices: int) -> tuple[int, int, int]:
+        """(data, fsdp, tensor) with -1 filled in for `devices`; the one mesh resolution."""
+        sizes = [self.data, self.fsdp, self.tensor]
+        known = math.prod(s for s in sizes if s != -1)
+        need(devices % known == 0, "mesh", f"does not divide the {devices} devices", sizes)
+        if -1 in sizes:
+            sizes[sizes.index(-1)] = devices // known
+        need(
+            math.prod(sizes) == devices,
+            "mesh",
+            f"must use all {devices} devices (or set one size to -1)",
+            sizes,
+        )
+        return tuple(sizes)
+
+    def batch_devices(self, devices: int) -> int:
+        """Devices B is sharded over (data x fsdp)."""
+        data, fsdp, _ = self.resolve(devices)
+        return data * fsdp
+
+
+# -------------------------------------------------------------------------------- a run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,71 +293,91 @@ class TrainConfig:
     verifier_workers: int = 0  # 0: verify in this process; else a kjax.rewards.pool
 
     def __post_init__(self):
-        _coerce_enums(self, "")
+        for field in ("steps", "batch_prompts", "samples", "max_new_tokens"):
+            value = getattr(self, field)
+            need(isinstance(value, int) and value >= 1, field, "must be an int >= 1", value)
+        need(
+            is_real(self.temperature) and self.temperature > 0,
+            "temperature",
+            "must be > 0",
+            self.temperature,
+        )
+        need(self.verifier_workers >= 0, "verifier_workers", "must be >= 0", self.verifier_workers)
+
+    def ks(self) -> tuple[int, ...]:
+        """Every k the objective takes during the run (one entry for MEAN and mixtures)."""
+        return self.k_schedule.values() if self.k_schedule is not None else (self.objective.k,)
+
+    def k_at(self, step: int) -> int:
+        """The objective's k at RL step `step` (0-based)."""
+        return self.k_schedule(step) if self.k_schedule is not None else self.objective.k
 
     def validate(self, devices: int) -> TrainConfig:
-        """Cross-field checks against `devices` (all hosts); returns self or raises."""
-        positive = ("steps", "batch_prompts", "samples", "max_new_tokens")
-        for field in positive:
-            _need(getattr(self, field) >= 1, field, "must be >= 1", getattr(self, field))
-        _need(self.temperature > 0, "temperature", "must be > 0", self.temperature)
-        _need(self.verifier_workers >= 0, "verifier_workers", "must be >= 0", self.verifier_workers)
+        """Checks across groups, against `devices` (all hosts); returns self or raises."""
         try:
             self.objective.check_samples(self.samples, self.k_schedule)
         except ValueError as e:
             raise ValueError(f"config.objective / config.samples: {e}") from None
-        n, e = self.eval.n_eval, self.eval
-        _need(n >= 1 and n & (n - 1) == 0, "eval.n_eval", "must be a power of 2", n)
-        _need(e.every >= 1 and e.problems >= 1, "eval.every/problems", "must be >= 1", e)
-        _need(set(self.task.operators) <= set("+-*") and self.task.operators, "task.operators",
-              "must be a non-empty string over '+-*'", self.task.operators)  # fmt: skip
-        _need(self.sft.steps >= 0, "sft.steps", "must be >= 0", self.sft.steps)
-        m = self.mesh
-        sizes = [s for s in (m.data, m.fsdp, m.tensor)]
-        _need(all(s >= 1 or s == -1 for s in sizes) and sizes.count(-1) <= 1, "mesh",
-              "sizes must be >= 1 with at most one -1", sizes)  # fmt: skip
-        known = m.data * m.fsdp * m.tensor * (-1 if -1 in sizes else 1)
-        _need(devices % known == 0, "mesh", f"does not divide the {devices} devices", sizes)
-        batch_devices = (devices // known if m.data == -1 else m.data) * (
-            devices // known if m.fsdp == -1 else m.fsdp
-        )
-        parts = self.rl.minibatches * self.rl.microbatches * batch_devices
-        _need(self.batch_prompts % parts == 0, "batch_prompts",
-              f"must be a multiple of rl.minibatches * rl.microbatches * data*fsdp devices "
-              f"= {parts}", self.batch_prompts)  # fmt: skip
-        _need(self.eval.problems % batch_devices == 0, "eval.problems",
-              f"must be a multiple of the data*fsdp devices ({batch_devices})",
-              self.eval.problems)  # fmt: skip
-        _need(self.optimizer.total_steps >= self.steps, "optimizer.total_steps",
-              f"must be >= steps={self.steps} (the cosine schedule would end early)",
-              self.optimizer.total_steps)  # fmt: skip
+        off = self.rl.offpolicy_max_at_k
+        estimator = self.objective.max_at_k_estimator
+        if off is not OffPolicyMaxAtK.OFF and not (
+            self.objective.objective is Objective.MAX_AT_K
+            and estimator.name in OFFPOLICY_ESTIMATORS
+        ):
+            raise ValueError(
+                f"`config.rl.offpolicy_max_at_k`={off.name} needs objective MAX_AT_K with "
+                f"estimator {' / '.join(OFFPOLICY_ESTIMATORS)} (the estimators with an exact "
+                f"off-policy form); got objective {self.objective.objective.name}, estimator "
+                f"{estimator.name}. Set rl.offpolicy_max_at_k=OFF (PPO's ratio then corrects "
+                "the fixed advantages) or change the estimator."
+            )
+        # Paths are left to the command line by presets, so they are checked here.
         if self.model.kind is ModelKind.HF_DIR:
-            _need(bool(self.model.path), "model.path", "is required for kind HF_DIR", "")
+            need(bool(self.model.path), "model.path", "is required for kind HF_DIR", "")
         if self.task.kind is TaskKind.MATH:
-            _need(bool(self.task.manual_dir), "task.manual_dir", "is required for MATH", "")
+            need(bool(self.task.manual_dir), "task.manual_dir", "is required for MATH", "")
+        if self.model.kind is ModelKind.TINY:
+            need(
+                self.task.kind is TaskKind.ARITH,
+                "task.kind",
+                "must be ARITH for a TINY "
+                "character-level model (it cannot read MATH); use model.kind=PRETRAINED or "
+                "HF_DIR",
+                self.task.kind.name,
+            )
+        batch_devices = self.mesh.batch_devices(devices)
+        parts = self.rl.minibatches * self.rl.microbatches * batch_devices
+        need(
+            self.batch_prompts % parts == 0,
+            "batch_prompts",
+            f"must be a multiple of rl.minibatches * rl.microbatches * data*fsdp devices = {parts}",
+            self.batch_prompts,
+        )
+        need(
+            self.eval.problems % batch_devices == 0,
+            "eval.problems",
+            f"must be a multiple of the data*fsdp devices ({batch_devices})",
+            self.eval.problems,
+        )
+        need(
+            self.optimizer.total_steps >= self.steps,
+            "optimizer.total_steps",
+            f"must be >= steps={self.steps} (the cosine schedule would end early)",
+            self.optimizer.total_steps,
+        )
         return self
 
 
-def _need(ok: bool, field: str, what: str, value) -> None:
-    if not ok:
-        raise ValueError(f"`config.{field}` {what}; got {value!r}.")
-
-
-def _coerce_enums(obj, prefix: str) -> None:
-    """Turns strings in enum-typed fields (from the command line) into members."""
-    for f in dataclasses.fields(obj):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if isinstance(default, enum.Enum):
-            value = coerce_enum(getattr(obj, f.name), type(default), f"config.{prefix}{f.name}")
-            object.__setattr__(obj, f.name, value)
+# ---------------------------------------------------------------------- command line, JSON
 
 
 def override(cfg, items: dict[str, str], _prefix: str = ""):
     """cfg with fields set from strings: {"rl.epochs": "2", "objective.k": "4"}.
 
     Values parse by the current value's type (enums by name or value, bools as
-    true/false). Each nested dataclass is rebuilt once with all its changes, so its
-    validation sees the final combination (e.g. k_schedule kind and steps together).
+    true/false, operator tuples as "+-*"). Each nested dataclass is rebuilt once with all
+    its changes, so its validation sees the final combination (e.g. rl.loss and
+    rl.epochs together).
     """
     names = {f.name for f in dataclasses.fields(cfg)}
     nested: dict[str, dict[str, str]] = {}
@@ -208,6 +405,8 @@ def override(cfg, items: dict[str, str], _prefix: str = ""):
 def _parse(current, text: str, path: str):
     if isinstance(current, enum.Enum):
         return coerce_enum(text, type(current), f"config.{path}")
+    if isinstance(current, tuple) and current and isinstance(current[0], Operator):
+        return _operators(text)
     if isinstance(current, bool):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"`config.{path}` must be true or false; got {text!r}.")

@@ -2,49 +2,21 @@
 
 RL losses return (scalar loss, metrics). Score-function surrogates (policy gradient, PPO)
 SUM over the N samples of a prompt and average over B, because kjax advantages are in the
-sum convention (kjax.rl.objective); expectations (KL, entropy) average over B and N.
+sum convention (kjax.rl.objective); expectations (KL, entropy) average over B and N. The
+option enums (LossAggregation, KLEstimator) are defined in kjax.rl.step_config.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from kjax.rl.step_config import KLEstimator, LossAggregation  # re-exported: losses.X
+
 Metrics = dict[str, jax.Array]
-
-
-class LossAggregation(enum.Enum):
-    """How the token axis T of a per-token loss becomes one value per sequence.
-
-    With L_i valid tokens in sample i (mask sum) and T_max a constant:
-      TOKEN_SUM            sum_t x_t. Exact: sum_t grad log pi(y_t | y_<t) = grad log pi(y_i),
-                           so the surrogate is the sequence-level score function. Unbiased.
-      CONSTANT_NORMALIZER  sum_t x_t / T_max (Dr.GRPO, Liu et al. 2025). Unbiased up to the
-                           constant 1/T_max: the same direction as TOKEN_SUM.
-      SEQ_MEAN_TOKEN_MEAN  sum_t x_t / L_i (GRPO, Shao et al. 2024). Biased: sample i's
-                           gradient is scaled by 1/L_i, which correlates with its reward
-                           (long wrong answers are penalised less per token; Liu et al. 2025).
-    """
-
-    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
-    CONSTANT_NORMALIZER = "constant_normalizer"
-    TOKEN_SUM = "token_sum"
-
-
-class KLEstimator(enum.Enum):
-    """Per-token estimators of KL(pi || pi_ref) from y ~ pi, r = pi_ref(y) / pi(y) (Schulman 2020).
-
-    Both are unbiased for the KL value. Differentiated as a loss they differ (Tang & Munos
-    2025, "On a few pitfalls in KL divergence gradient estimation for RL"): K1's gradient
-    is grad log pi(y), zero in expectation; K3's is unbiased for grad KL(pi_ref || pi).
-    """
-
-    K1 = "k1"  # -log r: can be negative, high variance.
-    K3 = "k3"  # (r - 1) - log r: >= 0, low variance; the GRPO penalty.
 
 
 def _float(x: jax.Array) -> jax.Array:
@@ -282,6 +254,8 @@ def kl_estimate(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: KLEstim
     log_r = jax.lax.stop_gradient(_float(ref_logprobs)) - _float(logprobs)
     if estimator is KLEstimator.K1:
         return -log_r
+    if estimator is KLEstimator.K2:
+        return 0.5 * jnp.square(log_r)
     if estimator is KLEstimator.K3:
         return jnp.expm1(log_r) - log_r
     raise ValueError(f"`estimator` must be a KLEstimator; got {estimator!r}.")
@@ -298,14 +272,24 @@ def kl_penalty_loss(
 ) -> tuple[jax.Array, Metrics]:
     """KL to a frozen reference policy: mean over B, N of agg_t kl_estimate (GRPO's penalty).
 
+    With TOKEN_SUM, agg_t is the sequence-level KL estimate; SEQ_MEAN_TOKEN_MEAN is GRPO's
+    per-token mean. K1 is refused: its gradient is zero in expectation (KLEstimator).
+
     Args:
       logprobs: [B, N, T] float, current policy at the sampled tokens (differentiated).
       ref_logprobs: [B, N, T] float, the reference policy at the same tokens.
-      mask: [B, N, T] bool. estimator: KLEstimator. aggregation, max_len: reduction of T.
+      mask: [B, N, T] bool. estimator: KLEstimator K2 or K3. aggregation, max_len:
+        reduction of T.
 
     Returns:
-      (scalar KL, to be scaled by the caller's coefficient; metrics: kl (per-token mean)).
+      (scalar KL, to be scaled by the caller's coefficient; metrics: kl (per-token mean of
+      the estimator)).
     """
+    if estimator is KLEstimator.K1:
+        raise ValueError(
+            "`estimator`=K1 is not a penalty: its expected gradient is 0 (Tang & Munos 2025); "
+            "use KLEstimator.K3 or K2."
+        )
     logprobs, mask = _check_tokens(logprobs, mask)
     ref_logprobs = _check_like(ref_logprobs, "ref_logprobs", logprobs, "logprobs")
     kl = kl_estimate(logprobs, jnp.where(mask, ref_logprobs, logprobs), estimator)
@@ -322,7 +306,7 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 
 
 def entropy_loss(
-    logits: jax.Array,
+    entropy: jax.Array,
     mask: jax.Array,
     aggregation: LossAggregation = LossAggregation.SEQ_MEAN_TOKEN_MEAN,
     *,
@@ -331,18 +315,17 @@ def entropy_loss(
     """Entropy bonus as a loss: -(mean over B, N of agg_t H_t); minimising it raises entropy.
 
     Args:
-      logits: [B, N, T, V] float (V the true vocabulary; mask padded entries with -inf).
-        Materialises [B, N, T, V] float32; chunk over T in the caller at large V.
+      entropy: [B, N, T] float, per-token entropies H_t of the policy (differentiated;
+        token_entropy of logits, or kjax.rl.forward's chunked TokenStats.entropy).
       mask: [B, N, T] bool. aggregation, max_len: reduction of T.
 
     Returns:
       (scalar loss, metrics: entropy (per-token mean)).
     """
-    logits = _check_rank(logits, "logits", "[B, N, T, V]", 4, jnp.floating)
-    mask = _check_like(mask, "mask", logits[..., 0], "logits[..., 0]", jnp.bool_)
-    ent = token_entropy(logits)
-    loss = -jnp.mean(aggregate_tokens(ent, mask, aggregation, max_len))
-    return loss, {"entropy": masked_mean(jax.lax.stop_gradient(ent), mask)}
+    entropy = _check_rank(entropy, "entropy", "[B, N, T]", 3, jnp.floating)
+    mask = _check_like(mask, "mask", entropy, "entropy", jnp.bool_)
+    loss = -jnp.mean(aggregate_tokens(_float(entropy), mask, aggregation, max_len))
+    return loss, {"entropy": masked_mean(jax.lax.stop_gradient(entropy), mask)}
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -1,164 +1,38 @@
-"""The training objective: which k-sample objective, its advantage estimator, and k's schedule.
+"""The objective router: ObjectiveConfig -> kjax.objectives, in ONE scale for every objective.
 
-`compute_advantages` routes to kjax.objectives and returns every objective in ONE scale,
-the sum convention: per prompt, sum_i A_i grad log pi(y_i) estimates grad J (no 1/N), so
+The sum convention: per prompt, sum_i A_i grad log pi(y_i) estimates grad J (no 1/N), so
 learning rates transfer between objectives and a k-annealing step (8 -> 1) keeps its scale.
+Estimators that are normalised per sample (MEAN's baselines, Chen et al.'s pass@k
+advantage, like GRPO's z-score) are divided by N to enter that scale. The configuration
+types live in kjax.rl.objective_config (re-exported here).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import math
-import numbers
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from kjax import objectives
-from kjax.objectives import MaxAtKEstimator, MeanBaseline
+from kjax.objectives import MaxAtKEstimator
+from kjax.rl.objective_config import (
+    OFFPOLICY_ESTIMATORS,
+    KSchedule,
+    KScheduleKind,
+    Objective,
+    ObjectiveConfig,
+)
+from kjax.rl.step_config import OffPolicyMaxAtK, StepConfig
 
-
-class Objective(enum.Enum):
-    """What J is: E[r] (MEAN), E[max of k rewards] (MAX_AT_K; pass@k on {0,1}), maj@k."""
-
-    MEAN = "mean"
-    MAX_AT_K = "max_at_k"
-    MAJORITY_AT_K = "majority_at_k"
-
-
-class KScheduleKind(enum.Enum):
-    CONSTANT = "constant"  # k_start forever
-    LINEAR = "linear"  # round(k_start + (k_end - k_start) * step / steps), then k_end
-    STEP = "step"  # k_start for step < steps, then k_end (PKPO's k-annealing, e.g. 8 -> 1)
-
-
-def coerce_enum(value, enum_cls: type[enum.Enum], field: str):
-    """Returns `value` as an `enum_cls` member; accepts the member, its value or its name
-    (so config flags can say `--config.objective=max_at_k`); raises naming `field`."""
-    if isinstance(value, enum_cls):
-        return value
-    if isinstance(value, str):
-        for member in enum_cls:
-            if value.lower() in (member.value.lower(), member.name.lower()):
-                return member
-    choices = ", ".join(m.name for m in enum_cls)
-    raise ValueError(f"`{field}` must be one of {enum_cls.__name__} {{{choices}}}; got {value!r}.")
-
-
-def _check_int(value, field: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"`{field}` must be an int >= {minimum}; got {value!r}.")
-    return int(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class KSchedule:
-    """k as a function of the training step; every value is a static Python int.
-
-    k is a static argument of the advantage functions (it sets constant weight tables, not
-    array shapes), so each distinct k compiles them once: a LINEAR 8 -> 1 anneal compiles
-    up to 8 versions. The jitted train step takes advantages as arrays and never sees k.
-    """
-
-    kind: KScheduleKind = KScheduleKind.CONSTANT
-    k_start: int = 1
-    k_end: int | None = None  # None: k_start
-    steps: int = 0  # anneal length for LINEAR; switch step for STEP
-
-    def __post_init__(self):
-        object.__setattr__(self, "kind", coerce_enum(self.kind, KScheduleKind, "KSchedule.kind"))
-        object.__setattr__(self, "k_start", _check_int(self.k_start, "KSchedule.k_start", 1))
-        k_end = self.k_start if self.k_end is None else self.k_end
-        object.__setattr__(self, "k_end", _check_int(k_end, "KSchedule.k_end", 1))
-        min_steps = 0 if self.kind is KScheduleKind.CONSTANT else 1
-        object.__setattr__(self, "steps", _check_int(self.steps, "KSchedule.steps", min_steps))
-        if self.kind is KScheduleKind.CONSTANT and self.k_end != self.k_start:
-            raise ValueError(
-                f"`KSchedule.k_end`={self.k_end} differs from k_start={self.k_start} but kind "
-                "is CONSTANT; use LINEAR or STEP to anneal."
-            )
-
-    def __call__(self, step: int) -> int:
-        step = _check_int(step, "step", 0)
-        if self.kind is KScheduleKind.CONSTANT:
-            return self.k_start
-        if self.kind is KScheduleKind.STEP:
-            return self.k_start if step < self.steps else self.k_end
-        frac = min(step, self.steps) / self.steps
-        return int(math.floor(self.k_start + (self.k_end - self.k_start) * frac + 0.5))
-
-    def values(self) -> tuple[int, ...]:
-        """The distinct k this schedule ever returns, ascending (one compile each)."""
-        lo, hi = sorted((self.k_start, self.k_end))
-        if self.kind is not KScheduleKind.LINEAR:
-            return tuple(sorted({lo, hi}))
-        if self.steps >= hi - lo:  # k moves by at most 1 per step: it visits all of [lo, hi]
-            return tuple(range(lo, hi + 1))
-        return tuple(sorted({self(s) for s in range(self.steps + 1)}))
-
-
-@dataclasses.dataclass(frozen=True)
-class ObjectiveConfig:
-    """The objective and its estimator; validated on construction (fields named in errors).
-
-    k: the objective's k (1 for MEAN); a KSchedule may override it per step.
-    mean_baseline: MEAN's baseline (RLOO unbiased; GROUP_MEAN Dr.GRPO; GROUP_ZSCORE GRPO).
-    max_at_k_estimator: MAX_AT_K's estimator (LOO_MINUS_ONE recommended; see
-      kjax.objectives.MaxAtKEstimator for which are biased).
-    majority_centered: MAJORITY_AT_K subtracts the group mean (Tang et al.'s biased variant).
-    offpolicy_clamp: c in Bagirov et al.'s off-policy max@k weights (delta in [-c, c]).
-    """
-
-    objective: Objective = Objective.MEAN
-    k: int = 1
-    mean_baseline: MeanBaseline = MeanBaseline.RLOO
-    max_at_k_estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE
-    majority_centered: bool = False
-    offpolicy_clamp: float = 0.2
-
-    def __post_init__(self):
-        for field, cls in (
-            ("objective", Objective),
-            ("mean_baseline", MeanBaseline),
-            ("max_at_k_estimator", MaxAtKEstimator),
-        ):
-            value = coerce_enum(getattr(self, field), cls, f"ObjectiveConfig.{field}")
-            object.__setattr__(self, field, value)
-        object.__setattr__(self, "k", _check_int(self.k, "ObjectiveConfig.k", 1))
-        if self.objective is Objective.MEAN and self.k != 1:
-            raise ValueError(
-                f"`ObjectiveConfig.k`={self.k} but objective is MEAN, the k = 1 objective; "
-                "set k=1 or objective=MAX_AT_K / MAJORITY_AT_K."
-            )
-        if not isinstance(self.majority_centered, bool):
-            raise ValueError(
-                "`ObjectiveConfig.majority_centered` must be a bool; got "
-                f"{self.majority_centered!r}."
-            )
-        clamp = self.offpolicy_clamp
-        if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0:
-            raise ValueError(f"`ObjectiveConfig.offpolicy_clamp` must be > 0; got {clamp!r}.")
-
-    def check_samples(self, n: int, schedule: KSchedule | None = None) -> None:
-        """Raises before any compute if N samples per prompt cannot serve every k used."""
-        n = _check_int(n, "N (samples per prompt)", 1)
-        ks = (self.k,) if schedule is None else schedule.values()
-        field = "ObjectiveConfig.k" if schedule is None else "KSchedule k_start/k_end"
-        if self.objective is Objective.MEAN:
-            if ks != (1,):
-                raise ValueError(f"`{field}` must be 1 for objective MEAN; got k in {ks}.")
-            if self.mean_baseline is MeanBaseline.RLOO and n < 2:
-                raise ValueError("`ObjectiveConfig.mean_baseline`=RLOO needs N >= 2 samples.")
-            return
-        need = max(ks) + (self.max_at_k_estimator is MaxAtKEstimator.LOO)
-        if self.objective is Objective.MAX_AT_K and n < need:
-            raise ValueError(
-                f"`{field}`: k={max(ks)} with {self.max_at_k_estimator.name} needs N >= {need} "
-                f"samples per prompt; got N={n}. Lower k or sample more."
-            )
-        if max(ks) > n:
-            raise ValueError(f"`{field}`: k={max(ks)} > N={n} samples per prompt.")
+__all__ = [
+    "KSchedule",
+    "KScheduleKind",
+    "Objective",
+    "ObjectiveConfig",
+    "compute_advantages",
+    "offpolicy_reweighter",
+]
 
 
 def compute_advantages(
@@ -167,27 +41,23 @@ def compute_advantages(
     scores: jax.Array,
     answer_ids: jax.Array | None = None,
     target: jax.Array | None = None,
-    log_ratio: jax.Array | None = None,
 ) -> jax.Array:
     """Per-sample advantages [B, N] in the sum convention, under stop_gradient.
 
     MEAN: mean_advantages(scores, baseline) / N (the peers' mean convention, rescaled).
-    MAX_AT_K: max_at_k_advantages(scores, k, estimator) (pass@k for {0, 1} scores); with
-      `log_ratio`, Bagirov et al.'s first-order off-policy weights instead (no baseline,
-      whatever the estimator). These already contain sample i's importance ratio, so pair
-      them with losses.policy_gradient_loss, not ppo_clip_loss, which would apply it twice.
+    MAX_AT_K: max_at_k_advantages(scores, k, estimator) (pass@k for {0, 1} scores), already
+      in the sum convention, except CHEN_ANALYTIC, which is normalised per sample (at
+      k = 1 it is GRPO's z-score) and so is divided by N, as MEAN is.
     MAJORITY_AT_K: majority_at_k_advantages(answer_ids, target, k, centered).
-    `log_ratio` is ignored for MEAN (PPO's ratio corrects it) and for MAJORITY_AT_K (no
-    off-policy majority weights exist yet: reused rollouts are treated as on-policy).
+    MAX_AT_K_MIXTURE: max_at_k_mixture_advantages(scores, weights, estimator) for
+      sum_k w_k max@k (weights from cfg.mixture_weights, or maxrl_weights(cfg.maxrl_t)).
 
     Args:
       cfg: ObjectiveConfig (hashable: pass it as a static argument under jit).
-      k: static int for this step (from a KSchedule); None means cfg.k.
+      k: static int for this step (from a KSchedule); None means cfg.k. Unused by mixtures.
       scores: [B, N] float rewards.
       answer_ids: [B, N] int answer classes (-1 abstains); MAJORITY_AT_K only.
       target: [B] int correct class per prompt; MAJORITY_AT_K only.
-      log_ratio: [B, N] float, stop-gradient log pi_theta(y) - log pi_rollout(y) summed over
-        tokens (losses.sequence_logprob), when a rollout is reused for a later PPO epoch.
 
     Returns:
       [B, N] advantages in scores' float dtype.
@@ -206,9 +76,17 @@ def compute_advantages(
             raise ValueError(f"`k`={k} but the MEAN objective is k = 1.")
         return objectives.mean_advantages(scores, cfg.mean_baseline) / n
     if cfg.objective is Objective.MAX_AT_K:
-        if log_ratio is None:
-            return objectives.max_at_k_advantages(scores, k, cfg.max_at_k_estimator)
-        return objectives.max_at_k_offpolicy_advantages(scores, log_ratio, k, cfg.offpolicy_clamp)
+        adv = objectives.max_at_k_advantages(scores, k, cfg.max_at_k_estimator)
+        if cfg.max_at_k_estimator is MaxAtKEstimator.CHEN_ANALYTIC:
+            return adv / n
+        return adv
+    if cfg.objective is Objective.MAX_AT_K_MIXTURE:
+        weights = (
+            objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
+        )
+        return objectives.max_at_k_mixture_advantages(
+            scores, weights, estimator=cfg.max_at_k_estimator
+        )
     if answer_ids is None or target is None:
         missing = "answer_ids" if answer_ids is None else "target"
         raise ValueError(f"`{missing}` is required for Objective.MAJORITY_AT_K.")
@@ -220,3 +98,44 @@ def compute_advantages(
         )
     adv = objectives.majority_at_k_advantages(answer_ids, target, k, cfg.majority_centered)
     return adv.astype(scores.dtype)
+
+
+Reweight = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def offpolicy_reweighter(
+    cfg: ObjectiveConfig, step: StepConfig, ks: Sequence[int]
+) -> Reweight | None:
+    """The function the train step calls for updates after a step's first, or None (OFF).
+
+    reweight(scores [B,N], log_ratio [B,N], k [] int32) -> [B,N]: Bagirov et al.'s
+    advantages that multiply sample i's own ratio (ESTIMATORS.md section 4), with
+    log_ratio = log pi_theta(y) - log pi_start(y) per sequence. k is traced: every k in
+    `ks` (the run's k values, e.g. KSchedule.values()) is compiled once as a branch of
+    lax.switch, so a k schedule never retraces the update.
+    """
+    if step.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
+        return None
+    estimator = cfg.max_at_k_estimator
+    if cfg.objective is not Objective.MAX_AT_K or estimator.name not in OFFPOLICY_ESTIMATORS:
+        raise ValueError(
+            f"`rl.offpolicy_max_at_k` needs objective MAX_AT_K with estimator in "
+            f"{OFFPOLICY_ESTIMATORS}; got {cfg.objective.name} / {estimator.name}."
+        )
+    exact = step.offpolicy_max_at_k is OffPolicyMaxAtK.EXACT
+    ks = tuple(sorted(set(ks)))
+
+    def branch(k):
+        return lambda scores, log_ratio: objectives.max_at_k_offpolicy_advantages(
+            scores, log_ratio, k, estimator=estimator, exact=exact, clamp=step.offpolicy_clamp
+        )
+
+    branches = [branch(k) for k in ks]
+
+    def reweight(scores, log_ratio, k):
+        if len(branches) == 1:
+            return branches[0](scores, log_ratio)
+        index = jnp.argmax(jnp.asarray(ks) == k)  # k is one of ks (the schedule's values)
+        return jax.lax.switch(index, branches, scores, log_ratio)
+
+    return reweight

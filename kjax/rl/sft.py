@@ -33,8 +33,9 @@ def sft_loss(params, config: LlamaConfig, tokens, attn, loss_mask, cfg: SFTConfi
     return losses.cross_entropy_loss(logits, targets, mask)
 
 
-def make_sft_step(config: LlamaConfig, cfg: SFTConfig, optimizer, mesh, state_shardings,
-                  dtype=jnp.float32):  # fmt: skip
+def make_sft_step(
+    config: LlamaConfig, cfg: SFTConfig, optimizer, mesh, state_shardings, dtype=jnp.float32
+):
     """step(state, tokens, attn, loss_mask) -> (state, metrics); state donated."""
     batch_sh = NamedSharding(mesh, P(sharding.RULES["batch"]))
 
@@ -70,9 +71,19 @@ def sequences(task, examples, length: int) -> tuple[np.ndarray, np.ndarray, np.n
     return tokens, attn, loss_mask
 
 
-def warm_start(params, model_config: LlamaConfig, task, cfg: SFTConfig, mesh, cache_dir,
-               identity: dict, seed: int, completion_len: int, dtype=jnp.float32,
-               log=print):  # fmt: skip
+def warm_start(
+    params,
+    model_config: LlamaConfig,
+    task,
+    cfg: SFTConfig,
+    mesh,
+    cache_dir,
+    identity: dict,
+    seed: int,
+    completion_len: int,
+    dtype=jnp.float32,
+    log=print,
+):
     """params after cfg.steps SFT steps (constant lr after a short warmup), cached.
 
     The cache directory refuses a different identity (model, task, SFT config), so a
@@ -81,8 +92,9 @@ def warm_start(params, model_config: LlamaConfig, task, cfg: SFTConfig, mesh, ca
     if cfg.steps == 0:
         return params
     directory = checkpoint.ensure_workdir(cache_dir, identity)
-    ckpt = checkpoint.Checkpointer(directory / "params", checkpoint.CheckpointConfig(
-        every=1, keep=1, async_save=False))  # fmt: skip
+    ckpt = checkpoint.Checkpointer(
+        directory / "params", checkpoint.CheckpointConfig(every=1, keep=1, async_save=False)
+    )
     if ckpt.latest_step() == cfg.steps:
         restored, _ = ckpt.restore({"params": params})
         log(f"sft: reusing the warm start cached in {directory}")
@@ -91,8 +103,9 @@ def warm_start(params, model_config: LlamaConfig, task, cfg: SFTConfig, mesh, ca
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
     state = init_train_state(params, optimizer, jax.random.key(seed), mesh)
     step = make_sft_step(model_config, cfg, optimizer, mesh, shardings_of(state), dtype)
-    batches = loader.batches(task.train, loader.LoaderConfig(cfg.batch_size, seed=seed),
-                             num_epochs=None)  # fmt: skip
+    batches = loader.batches(
+        task.train, loader.LoaderConfig(cfg.batch_size, seed=seed), num_epochs=None
+    )
     for i in range(cfg.steps):
         _, examples = next(batches)
         state, metrics = step(state, *sequences(task, examples, task.prompt_len + completion_len))
@@ -100,8 +113,9 @@ def warm_start(params, model_config: LlamaConfig, task, cfg: SFTConfig, mesh, ca
             m = jax.device_get(metrics)
             log(f"sft step {i + 1}/{cfg.steps}: loss {float(m['loss']):.4f}")
             if not np.isfinite(float(m["loss"])):
-                raise FloatingPointError(f"sft loss is {float(m['loss'])} at step {i + 1}; "
-                                         "lower sft.learning_rate.")  # fmt: skip
+                raise FloatingPointError(
+                    f"sft loss is {float(m['loss'])} at step {i + 1}; lower sft.learning_rate."
+                )
     ckpt.save(cfg.steps, {"params": state.params}, {"steps": cfg.steps}, force=True)
     ckpt.wait()
     ckpt.close()

@@ -6,11 +6,19 @@ A seconds-long tiny_arith run for the loop, resume and multi-host tests (no SFT)
 
 import dataclasses
 
-from kjax.checkpoint import CheckpointConfig
-from kjax.rl.config import EvalConfig, ModelConfig, SFTConfig, TaskConfig, TrainConfig
-from kjax.rl.objective import Objective, ObjectiveConfig
-from kjax.rl.optim import OptimizerConfig
-from kjax.rl.train_step import StepConfig
+from kjax.rl.config import (
+    CheckpointConfig,
+    EvalConfig,
+    ModelConfig,
+    Objective,
+    ObjectiveConfig,
+    Operator,
+    OptimizerConfig,
+    SFTConfig,
+    StepConfig,
+    TaskConfig,
+    TrainConfig,
+)
 
 TINY = TrainConfig(
     name="tiny_run",
@@ -23,8 +31,10 @@ TINY = TrainConfig(
     optimizer=OptimizerConfig(learning_rate=3e-3, total_steps=40),
     model=ModelConfig(
         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-    ),  # fmt: skip
-    task=TaskConfig(digits=1, operands=2, operators="+-", train_size=150, test_size=8),
+    ),
+    task=TaskConfig(
+        digits=1, operands=2, operators=(Operator.ADD, Operator.SUB), train_size=150, test_size=8
+    ),
     sft=SFTConfig(steps=0),
     eval=EvalConfig(every=6, n_eval=4, problems=8),
     checkpoint=CheckpointConfig(every=3, keep=2),

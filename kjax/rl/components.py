@@ -1,0 +1,186 @@
+"""The pieces of one RL run, built once by `build_components` and held in a frozen dataclass.
+
+Nothing here is mutated after construction: the loop (kjax.rl.loop) threads a TrainState
+through pure-ish stage functions that read these components.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kjax import checkpoint, sharding
+from kjax.models import Llama, LlamaConfig
+from kjax.rl import multihost, sft
+from kjax.rl.config import ModelKind, TrainConfig, to_json
+from kjax.rl.metrics_writer import MetricsWriter
+from kjax.rl.objective import compute_advantages, offpolicy_reweighter
+from kjax.rl.optim import make_optimizer
+from kjax.rl.task import CharTokenizer, Task, load_task
+from kjax.rl.train_step import TrainState, init_train_state, make_train_step, shardings_of
+from kjax.sampling import sample_params
+
+
+@dataclasses.dataclass(frozen=True)
+class Components:
+    """Everything a run reads; built by build_components, closed by close().
+
+    step_fn: (state, RLBatch, ref_params, k) -> (state, metrics) (kjax.rl.train_step).
+    sampler: (params, prompts, prompt_mask, key, temperature, n=) -> kjax.sampling.Rollouts.
+    advantages: (ObjectiveConfig, k, scores, answer_ids, target) -> [B, N], jitted
+      (kjax.rl.objective.compute_advantages; one compile per distinct k).
+    ref_params: the frozen KL reference (None without a KL penalty).
+    pool: a kjax.rewards.pool.VerifierPool, or None to verify in this process.
+    """
+
+    cfg: TrainConfig
+    workdir: pathlib.Path
+    mesh: Mesh
+    batch_sharding: NamedSharding
+    model_config: LlamaConfig
+    tokenizer: Any
+    task: Task
+    optimizer: optax.GradientTransformation
+    step_fn: Callable
+    sampler: Callable
+    advantages: Callable
+    ref_params: Any
+    checkpointer: checkpoint.Checkpointer
+    metrics: MetricsWriter
+    pool: Any
+    base_key: jax.Array
+    log: Callable
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.metrics.close()
+        if self.pool is not None:
+            self.pool.close()
+
+
+def build_model(cfg: TrainConfig, mesh: Mesh):
+    """(LlamaConfig, params on mesh, tokenizer or None for the character tokenizer)."""
+    m, dtype = cfg.model, cfg.model.compute_dtype
+    if m.kind is ModelKind.TINY:
+        config = LlamaConfig(
+            vocab_size=CharTokenizer.vocab_size,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.intermediate_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.hidden_size // m.num_heads,
+            tie_embeddings=True,
+            bos_id=CharTokenizer.bos_id,
+            eos_ids=(CharTokenizer.eos_id,),
+            max_position_embeddings=256,
+        )
+        make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(cfg.seed)))  # noqa: E731
+        return config, sharding.create_sharded(make, mesh).params(), None
+    if m.kind is ModelKind.PRETRAINED:
+        from kjax.models import pretrained
+
+        model, tokenizer = pretrained(m.name, mesh=mesh, dtype=dtype)
+    else:
+        from kjax import tokenizer as tokenizer_lib
+        from kjax.models import load
+
+        model, tokenizer = load(m.path, mesh=mesh, dtype=dtype), tokenizer_lib.load(m.path)
+    return model.config, model.params(), tokenizer
+
+
+def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log):
+    """params after the SFT warm start (cached by identity in cfg.sft.cache_dir)."""
+    if not cfg.sft.steps:
+        return params
+    sft_dir = cfg.sft.cache_dir or workdir / "sft"
+    identity = {
+        "model": to_json(cfg.model),
+        "task": to_json(cfg.task),
+        "sft": {**to_json(cfg.sft), "cache_dir": ""},
+        "seed": cfg.seed,
+    }
+    multihost.leader_first("sft", lambda: checkpoint.ensure_workdir(sft_dir, identity))
+    return sft.warm_start(
+        params,
+        model_config,
+        task,
+        cfg.sft,
+        mesh,
+        sft_dir,
+        identity,
+        cfg.seed,
+        cfg.max_new_tokens,
+        cfg.model.compute_dtype,
+        log,
+    )
+
+
+def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, TrainState]:
+    """Validates cfg, claims workdir, builds every piece of the run and its initial state
+    (after the SFT warm start; resuming from a checkpoint is the loop's business)."""
+    multihost.maybe_initialize_distributed()
+    cfg = cfg.validate(jax.device_count())
+    log = log if multihost.is_leader() else (lambda *a, **k: None)
+    workdir = multihost.leader_first(
+        "workdir", lambda: checkpoint.ensure_workdir(workdir, to_json(cfg))
+    )
+    mesh = sharding.make_mesh(*cfg.mesh.resolve(jax.device_count()))
+    dtype = cfg.model.compute_dtype
+    model_config, params, tokenizer = build_model(cfg, mesh)
+    task = multihost.leader_first("data", lambda: load_task(cfg, tokenizer, workdir / "data"))
+    params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
+    ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
+    optimizer = make_optimizer(cfg.optimizer)
+    state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
+    step_fn = make_train_step(
+        model_config,
+        cfg.rl,
+        optimizer,
+        mesh,
+        shardings_of(state),
+        dtype=dtype,
+        reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
+    )
+    sampler = functools.partial(
+        sample_params,
+        config=model_config,
+        dtype=dtype,
+        max_new_tokens=cfg.max_new_tokens,
+        stop_ids=task.stop_ids,
+    )
+    pool = None
+    if cfg.verifier_workers:
+        from kjax.rewards.pool import PoolConfig, VerifierPool
+
+        pool = VerifierPool(PoolConfig(workers=cfg.verifier_workers))
+    components = Components(
+        cfg=cfg,
+        workdir=workdir,
+        mesh=mesh,
+        batch_sharding=NamedSharding(mesh, P(sharding.RULES["batch"])),
+        model_config=model_config,
+        tokenizer=task.tokenizer,
+        task=task,
+        optimizer=optimizer,
+        step_fn=step_fn,
+        sampler=sampler,
+        advantages=jax.jit(compute_advantages, static_argnums=(0, 1)),
+        ref_params=ref_params,
+        checkpointer=checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint),
+        metrics=MetricsWriter(workdir, write=multihost.is_leader()),
+        pool=pool,
+        base_key=jax.random.key(cfg.seed),
+        log=log,
+    )
+    return components, state

@@ -1,0 +1,194 @@
+"""The training objective's configuration: which k-sample objective, its estimator, k's schedule.
+
+A leaf module (option enums only); kjax.rl.objective routes it to kjax.objectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+
+from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
+from kjax.rl._fields import check_int, coerce_enum, is_real
+
+
+class Objective(enum.Enum):
+    """What J is: E[r] (MEAN), E[max of k rewards] (MAX_AT_K; pass@k on {0,1}), maj@k, or
+    sum_k w_k max@k (MAX_AT_K_MIXTURE; MaxRL's truncated likelihood with w_k = 1/k)."""
+
+    MEAN = "mean"
+    MAX_AT_K = "max_at_k"
+    MAJORITY_AT_K = "majority_at_k"
+    MAX_AT_K_MIXTURE = "max_at_k_mixture"
+
+
+class KScheduleKind(enum.Enum):
+    CONSTANT = "constant"  # k_start forever
+    LINEAR = "linear"  # round(k_start + (k_end - k_start) * step / steps), then k_end
+    STEP = "step"  # k_start for step < steps, then k_end (PKPO's k-annealing, e.g. 8 -> 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class KSchedule:
+    """k as a function of the training step; every value is a Python int.
+
+    The advantage functions take k statically (it sets constant weight tables), so each
+    distinct k compiles them once: a LINEAR 8 -> 1 anneal compiles up to 8 versions. The
+    jitted update takes k as a traced scalar and never recompiles for it.
+    """
+
+    kind: KScheduleKind = KScheduleKind.CONSTANT
+    k_start: int = 1
+    k_end: int | None = None  # None: k_start
+    steps: int = 0  # anneal length for LINEAR; switch step for STEP
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", coerce_enum(self.kind, KScheduleKind, "KSchedule.kind"))
+        object.__setattr__(self, "k_start", check_int(self.k_start, "KSchedule.k_start", 1))
+        k_end = self.k_start if self.k_end is None else self.k_end
+        object.__setattr__(self, "k_end", check_int(k_end, "KSchedule.k_end", 1))
+        min_steps = 0 if self.kind is KScheduleKind.CONSTANT else 1
+        object.__setattr__(self, "steps", check_int(self.steps, "KSchedule.steps", min_steps))
+        if self.kind is KScheduleKind.CONSTANT and self.k_end != self.k_start:
+            raise ValueError(
+                f"`KSchedule.k_end`={self.k_end} differs from k_start={self.k_start} but kind "
+                "is CONSTANT; use LINEAR or STEP to anneal."
+            )
+
+    def __call__(self, step: int) -> int:
+        step = check_int(step, "step", 0)
+        if self.kind is KScheduleKind.CONSTANT:
+            return self.k_start
+        if self.kind is KScheduleKind.STEP:
+            return self.k_start if step < self.steps else self.k_end
+        frac = min(step, self.steps) / self.steps
+        return int(math.floor(self.k_start + (self.k_end - self.k_start) * frac + 0.5))
+
+    def values(self) -> tuple[int, ...]:
+        """The distinct k this schedule ever returns, ascending."""
+        lo, hi = sorted((self.k_start, self.k_end))
+        if self.kind is not KScheduleKind.LINEAR:
+            return tuple(sorted({lo, hi}))
+        if self.steps >= hi - lo:  # k moves by at most 1 per step: it visits all of [lo, hi]
+            return tuple(range(lo, hi + 1))
+        return tuple(sorted({self(s) for s in range(self.steps + 1)}))
+
+
+# Estimators with an exact off-policy form (ESTIMATORS.md section 4).
+OFFPOLICY_ESTIMATORS = ("S", "LOO_MINUS_ONE", "L2O")
+
+# Estimators that leave one sample out of a k-subset of the others: they need N > k.
+_NEEDS_N_ABOVE_K = ("LOO", "L2O")
+
+
+def _mixture_weights(value) -> tuple[tuple[int, float], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = tuple(sorted((k, w) for k, w in items))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"`ObjectiveConfig.mixture_weights` must be ((k, weight), ...); got {value!r}."
+        ) from None
+    for k, w in pairs:
+        check_int(k, "ObjectiveConfig.mixture_weights k", 1)
+        if not (is_real(w) and math.isfinite(w)):
+            raise ValueError(
+                f"`ObjectiveConfig.mixture_weights`: weight of k={k} must be a "
+                f"finite float; got {w!r}."
+            )
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise ValueError(f"`ObjectiveConfig.mixture_weights` repeats a k; got {value!r}.")
+    return tuple((int(k), float(w)) for k, w in pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    """The objective and its estimator; validated on construction (fields named in errors).
+
+    k: the objective's k (1 for MEAN and MAX_AT_K_MIXTURE); a KSchedule may override it.
+    mean_baseline: MEAN's baseline (RLOO unbiased; GROUP_MEAN Dr.GRPO; GROUP_ZSCORE GRPO).
+    max_at_k_estimator: the estimator of MAX_AT_K and of each k of MAX_AT_K_MIXTURE
+      (LOO_MINUS_ONE recommended; see kjax.objectives.MaxAtKEstimator for which are biased).
+    majority_centered: MAJORITY_AT_K subtracts the group mean (Tang et al.'s biased variant).
+    mixture_weights: MAX_AT_K_MIXTURE's ((k, w_k), ...); or maxrl_t = T for w_k = 1/k,
+      k <= T (MaxRL, Tajwar, Zeng et al. 2026). Exactly one of the two is set.
+    """
+
+    objective: Objective = Objective.MEAN
+    k: int = 1
+    mean_baseline: MeanBaseline = MeanBaseline.RLOO
+    max_at_k_estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE
+    majority_centered: bool = False
+    mixture_weights: tuple[tuple[int, float], ...] = ()
+    maxrl_t: int = 0
+
+    def __post_init__(self):
+        for field, cls in (
+            ("objective", Objective),
+            ("mean_baseline", MeanBaseline),
+            ("max_at_k_estimator", MaxAtKEstimator),
+        ):
+            value = coerce_enum(getattr(self, field), cls, f"ObjectiveConfig.{field}")
+            object.__setattr__(self, field, value)
+        object.__setattr__(self, "k", check_int(self.k, "ObjectiveConfig.k", 1))
+        object.__setattr__(self, "mixture_weights", _mixture_weights(self.mixture_weights))
+        object.__setattr__(self, "maxrl_t", check_int(self.maxrl_t, "ObjectiveConfig.maxrl_t", 0))
+        one_k = (Objective.MEAN, Objective.MAX_AT_K_MIXTURE)
+        if self.objective in one_k and self.k != 1:
+            raise ValueError(
+                f"`ObjectiveConfig.k`={self.k} but objective is {self.objective.name}, whose k "
+                "is not a single number; leave k=1 (mixtures take mixture_weights/maxrl_t)."
+            )
+        mixture = self.objective is Objective.MAX_AT_K_MIXTURE
+        if mixture and bool(self.mixture_weights) == bool(self.maxrl_t):
+            raise ValueError(
+                "`ObjectiveConfig.mixture_weights` / `maxrl_t`: MAX_AT_K_MIXTURE needs exactly "
+                f"one of them; got mixture_weights={self.mixture_weights}, "
+                f"maxrl_t={self.maxrl_t}."
+            )
+        if not mixture and (self.mixture_weights or self.maxrl_t):
+            raise ValueError(
+                "`ObjectiveConfig.mixture_weights` / `maxrl_t` are only read by "
+                f"MAX_AT_K_MIXTURE; objective is {self.objective.name}. Unset them."
+            )
+        if not isinstance(self.majority_centered, bool):
+            raise ValueError(
+                "`ObjectiveConfig.majority_centered` must be a bool; got "
+                f"{self.majority_centered!r}."
+            )
+
+    def mixture_ks(self) -> tuple[int, ...]:
+        """The k of every term of MAX_AT_K_MIXTURE, ascending."""
+        if self.maxrl_t:
+            return tuple(range(1, self.maxrl_t + 1))
+        return tuple(k for k, _ in self.mixture_weights)
+
+    def check_samples(self, n: int, schedule: KSchedule | None = None) -> None:
+        """Raises before any compute if N samples per prompt cannot serve every k used."""
+        n = check_int(n, "N (samples per prompt)", 1)
+        ks = (self.k,) if schedule is None else schedule.values()
+        field = "ObjectiveConfig.k" if schedule is None else "KSchedule k_start/k_end"
+        if self.objective is Objective.MEAN:
+            if ks != (1,):
+                raise ValueError(f"`{field}` must be 1 for objective MEAN; got k in {ks}.")
+            if self.mean_baseline is MeanBaseline.RLOO and n < 2:
+                raise ValueError("`ObjectiveConfig.mean_baseline`=RLOO needs N >= 2 samples.")
+            return
+        if self.objective is Objective.MAX_AT_K_MIXTURE:
+            if schedule is not None:
+                raise ValueError(
+                    "`k_schedule` cannot anneal MAX_AT_K_MIXTURE (its weights "
+                    "set every k); unset k_schedule."
+                )
+            ks, field = self.mixture_ks(), "ObjectiveConfig.mixture_weights/maxrl_t"
+        estimator = self.max_at_k_estimator
+        if self.objective is not Objective.MAJORITY_AT_K and estimator.name in _NEEDS_N_ABOVE_K:
+            if n <= max(ks):
+                raise ValueError(
+                    f"`{field}`: k={max(ks)} with {estimator.name} needs N >= {max(ks) + 1} "
+                    f"samples per prompt; got N={n}. Lower k or sample more."
+                )
+        if max(ks) > n:
+            raise ValueError(f"`{field}`: k={max(ks)} > N={n} samples per prompt.")

@@ -1,0 +1,203 @@
+"""How a rollout batch becomes updates (StepConfig) and the optimizer's hyperparameters.
+
+A leaf module: kjax.rl.train_step, kjax.rl.losses and kjax.rl.optim implement what these
+options name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import numbers
+
+from kjax.rl._fields import check_int, coerce_enums, is_real
+
+
+class PolicyLoss(enum.Enum):
+    PG = "pg"  # REINFORCE surrogate: exactly one update per rollout
+    PPO = "ppo"  # clipped ratio against the step's starting policy; reuse is allowed
+
+
+class LossAggregation(enum.Enum):
+    """How the token axis T of a per-token loss becomes one value per sequence.
+
+    With L_i valid tokens in sample i (mask sum) and T_max a constant:
+      TOKEN_SUM            sum_t x_t. Exact: sum_t grad log pi(y_t | y_<t) = grad log pi(y_i),
+                           so the surrogate is the sequence-level score function. Unbiased.
+      CONSTANT_NORMALIZER  sum_t x_t / T_max (Dr.GRPO, Liu et al. 2025). Unbiased up to the
+                           constant 1/T_max: the same direction as TOKEN_SUM.
+      SEQ_MEAN_TOKEN_MEAN  sum_t x_t / L_i (GRPO, Shao et al. 2024). Biased: sample i's
+                           gradient is scaled by 1/L_i, which correlates with its reward
+                           (long wrong answers are penalised less per token; Liu et al. 2025).
+    """
+
+    SEQ_MEAN_TOKEN_MEAN = "seq_mean_token_mean"
+    CONSTANT_NORMALIZER = "constant_normalizer"
+    TOKEN_SUM = "token_sum"
+
+
+class KLEstimator(enum.Enum):
+    """Per-token estimators of KL(pi || pi_ref) from y ~ pi, log r = log pi_ref(y) - log pi(y)
+    (Schulman 2020). As a loss they differ (Tang & Munos 2025, "On a few pitfalls in KL
+    divergence gradient estimation for RL"):
+      K1 = -log r: unbiased value, but its gradient grad log pi(y) is 0 in expectation, so
+        it is refused as a penalty (a metric only).
+      K2 = (log r)^2 / 2: biased value; its expected gradient is exactly grad KL(pi || ref).
+      K3 = r - 1 - log r: unbiased value, >= 0; expected gradient grad KL(ref || pi) (GRPO).
+    """
+
+    K1 = "k1"
+    K2 = "k2"
+    K3 = "k3"
+
+
+class OffPolicyMaxAtK(enum.Enum):
+    """MAX_AT_K advantages of updates after a step's first (the policy has moved from the
+    one that sampled): OFF keeps the rollout's advantages inside the clipped PPO
+    surrogate; EXACT / LINEAR re-weight them each update by the other samples' sequence
+    ratios (Bagirov et al. 2025; ESTIMATORS.md section 4), exactly or to first order."""
+
+    OFF = "off"
+    EXACT = "exact"
+    LINEAR = "linear"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """How one rollout batch becomes updates: epochs x minibatches optimizer updates,
+    each accumulating gradients over `microbatches` (all split B; N stays whole).
+
+    Advantages are computed once per rollout with the configured estimator. PG makes one
+    update (epochs = minibatches = 1: a reused sample needs a ratio); PPO's later updates
+    use each sample's own ratio against the step's starting policy, clipped.
+    kl_coef / entropy_coef: penalty and bonus per sequence, reduced over T by
+      `aggregation` like the surrogate and averaged over B and N.
+    tis_cap: truncated importance weights against the sampler's logprobs (None: off).
+    offpolicy_max_at_k, offpolicy_clamp: see OffPolicyMaxAtK; the clamp truncates the
+      others' ratio products (None: untruncated).
+    """
+
+    loss: PolicyLoss = PolicyLoss.PG
+    epochs: int = 1
+    minibatches: int = 1
+    microbatches: int = 1
+    aggregation: LossAggregation = LossAggregation.TOKEN_SUM
+    ppo_epsilon: float = 0.2
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.K3
+    entropy_coef: float = 0.0
+    tis_cap: float | None = None
+    offpolicy_max_at_k: OffPolicyMaxAtK = OffPolicyMaxAtK.OFF
+    offpolicy_clamp: float | None = None
+
+    def __post_init__(self):
+        coerce_enums(self, "rl.")
+        for field in ("epochs", "minibatches", "microbatches"):
+            check_int(getattr(self, field), f"rl.{field}", 1)
+        if self.loss is PolicyLoss.PG and (self.epochs > 1 or self.minibatches > 1):
+            raise ValueError(
+                f"`rl.loss`=PG with rl.epochs={self.epochs}, rl.minibatches={self.minibatches}: "
+                "every update after the first would reuse samples of an older policy without "
+                "an importance ratio (a biased gradient). Use rl.loss=PPO, or epochs=1 and "
+                "minibatches=1 (microbatches accumulate one update)."
+            )
+        if not (is_real(self.ppo_epsilon) and 0 < self.ppo_epsilon < 1):
+            raise ValueError(f"`rl.ppo_epsilon` must be in (0, 1); got {self.ppo_epsilon!r}.")
+        if self.dual_clip is not None and not (is_real(self.dual_clip) and self.dual_clip > 1):
+            raise ValueError(f"`rl.dual_clip` must be > 1 or None; got {self.dual_clip!r}.")
+        for field in ("kl_coef", "entropy_coef"):
+            value = getattr(self, field)
+            if not (is_real(value) and value >= 0):
+                raise ValueError(f"`rl.{field}` must be >= 0; got {value!r}.")
+        if self.kl_estimator is KLEstimator.K1:
+            raise ValueError(
+                "`rl.kl_estimator`=K1 is refused: differentiated as a loss its expected "
+                "gradient is 0, so it penalises nothing (Tang & Munos 2025). Use K3 "
+                "(grad KL(ref || pi)) or K2 (grad KL(pi || ref))."
+            )
+        if self.tis_cap is not None and not (is_real(self.tis_cap) and self.tis_cap > 0):
+            raise ValueError(f"`rl.tis_cap` must be > 0 or None; got {self.tis_cap!r}.")
+        clamp = self.offpolicy_clamp
+        if self.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
+            if clamp is not None:
+                raise ValueError(
+                    "`rl.offpolicy_clamp` is only read with rl.offpolicy_max_at_k "
+                    f"EXACT or LINEAR; it is OFF. Unset it (got {clamp!r})."
+                )
+            return
+        if self.loss is not PolicyLoss.PPO or self.epochs * self.minibatches == 1:
+            raise ValueError(
+                f"`rl.offpolicy_max_at_k`={self.offpolicy_max_at_k.name} re-weights updates "
+                "after a step's first inside the PPO surrogate; it needs rl.loss=PPO and "
+                f"rl.epochs * rl.minibatches > 1 (got loss={self.loss.name}, "
+                f"epochs={self.epochs}, minibatches={self.minibatches})."
+            )
+        if clamp is not None and not (is_real(clamp) and clamp > 0):
+            raise ValueError(f"`rl.offpolicy_clamp` must be > 0 or None; got {clamp!r}.")
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates per rollout batch."""
+        return self.epochs * self.minibatches
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        return self.loss is PolicyLoss.PPO or self.tis_cap is not None
+
+
+# ---------------------------------------------------------------------------- optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (Loshchilov & Hutter 2019) hyperparameters; validated on construction.
+
+    The learning rate rises linearly from 0 to `learning_rate` over `warmup_steps`, then
+    follows a cosine down to `learning_rate * end_lr_ratio` at `total_steps` (counted from
+    step 0, warmup included) and stays there.
+    """
+
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    end_lr_ratio: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    decay_vectors: bool = False  # also decay rank < 2 params (norm scales, biases)?
+    max_grad_norm: float | None = 1.0  # None: no clipping
+
+    def __post_init__(self):
+        def check(field, ok, want):
+            if not ok:
+                value = getattr(self, field)
+                raise ValueError(f"`OptimizerConfig.{field}` must be {want}; got {value!r}.")
+
+        def integer(field):
+            value = getattr(self, field)
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        check(
+            "learning_rate", is_real(self.learning_rate) and self.learning_rate > 0, "a float > 0"
+        )
+        check("warmup_steps", integer("warmup_steps") and self.warmup_steps >= 0, "an int >= 0")
+        check(
+            "total_steps",
+            integer("total_steps") and self.total_steps > self.warmup_steps,
+            f"an int > warmup_steps={self.warmup_steps}",
+        )
+        check(
+            "end_lr_ratio",
+            is_real(self.end_lr_ratio) and 0 <= self.end_lr_ratio <= 1,
+            "a float in [0, 1]",
+        )
+        for field in ("b1", "b2"):
+            value = getattr(self, field)
+            check(field, is_real(value) and 0 <= value < 1, "a float in [0, 1)")
+        check("eps", is_real(self.eps) and self.eps > 0, "a float > 0")
+        check("weight_decay", is_real(self.weight_decay) and self.weight_decay >= 0, "a float >= 0")
+        check("decay_vectors", isinstance(self.decay_vectors, bool), "a bool")
+        clip = self.max_grad_norm
+        check("max_grad_norm", clip is None or (is_real(clip) and clip > 0), "a float > 0 or None")
