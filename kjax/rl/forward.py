@@ -2,8 +2,18 @@
 
 `completion_logprobs(params, config, prompts [B,S], prompt_mask [B,S], tokens [B,N,T])`
 -> TokenStats(logprobs [B,N,T], entropy [B,N,T] | None), both float32. Positions count
-real (non-padding) prompt tokens, as the sampler does, so these are the sampler's raw
-model log-probs.
+real (non-padding) prompt tokens and token 0 is predicted from the last real prompt
+token, as in the sampler, so these are the sampler's raw-model log-probs.
+
+Two forward paths, equal up to float rounding (tests/rl/test_forward.py):
+- shared_prompt=True: each prompt runs once ([B,S]); its N completions ([B*N,T]) attend
+  the prompt's K/V (no copy: the N*T completion queries of a prompt are one query axis)
+  plus their own causal K/V, merged by log-sum-exp (llama.merge_attention). Prompt and
+  completion rows share every projection/MLP matmul. Gradients flow into the prompt's
+  activations through its K/V. Only the T predicting positions are unembedded, in chunks
+  of rows under jax.checkpoint, so neither pass holds [B,N,T,V] float32 logits.
+- shared_prompt=False: the reference, the prompt repeated N times, one full forward over
+  [B*N, S+T] and logits at every position (what the trainer did before).
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import jax.numpy as jnp
 from kjax.models import llama
 from kjax.models.config import LlamaConfig
 
+_CHUNK_ELEMENTS = 1 << 23  # default chunk: ~32 MiB of float32 logits (170 rows at V=49152)
+
 
 class TokenStats(NamedTuple):
     """logprobs [B,N,T] float32: log pi(token_t | prompt, tokens_<t);
@@ -25,23 +37,120 @@ class TokenStats(NamedTuple):
     entropy: jax.Array | None
 
 
-def _repeated_logits(params, config, prompts, prompt_mask, tokens, dtype):
-    """Reference path: logits [B,N,T,V] from one forward over [B*N, S+T] (prompt repeated)."""
+def _last_real(prompt_mask):
+    """Index [B] int32 of each row's last real prompt token (S-1 for left padding)."""
+    S = prompt_mask.shape[1]
+    return (S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def repeated_logits(params, config: LlamaConfig, prompts, prompt_mask, tokens, *,
+                    dtype=jnp.float32, remat: bool = False):  # fmt: skip
+    """Reference: logits [B,N,T,V] float32 from one full forward over [B*N, S+T], the
+    prompt repeated per sample, logits at every position."""
     B, N, T = tokens.shape
     S = prompts.shape[1]
+    pmask = jnp.repeat(prompt_mask.astype(bool), N, axis=0)
     seq = jnp.concatenate([jnp.repeat(prompts, N, axis=0), tokens.reshape(B * N, T)], axis=1)
-    attn = jnp.concatenate(
-        [jnp.repeat(prompt_mask.astype(bool), N, axis=0), jnp.ones((B * N, T), bool)], axis=1
-    )
-    logits = llama.forward(params, config, seq, attention_mask=attn, dtype=dtype)
-    return logits[:, S - 1 : S + T - 1].reshape(B, N, T, -1)
+    attn = jnp.concatenate([pmask, jnp.ones((B * N, T), bool)], axis=1)
+    logits = llama.forward(params, config, seq, attention_mask=attn, dtype=dtype, remat=remat)
+    first = jnp.take_along_axis(logits, _last_real(pmask)[:, None, None], axis=1)
+    logits = jnp.concatenate([first, logits[:, S : S + T - 1]], axis=1)
+    return logits.reshape(B, N, T, -1)
 
 
-def _stats_of_logits(logits, tokens, with_entropy: bool) -> TokenStats:
+def stats_of_logits(logits, tokens, with_entropy: bool = False) -> TokenStats:
+    """Plain (unchunked) TokenStats of logits [..., T, V] and tokens [..., T]."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     lp = jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
     ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else None
     return TokenStats(lp, ent)
+
+
+# ----------------------------------------------------------------------------- fast path
+
+
+def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, tokens, *,
+                         dtype=jnp.float32, remat: bool = False):  # fmt: skip
+    """Final hidden states [B,N,T,D] (before the final norm) of the positions predicting
+    tokens [B,N,T]: the last real prompt token, then completion tokens 0..T-2.
+
+    One scan over layers carries prompt rows [B*S] and completion rows [B*N*T] as one
+    [1, B*S + B*N*T, D] row batch, so projections and MLP are shared matmuls.
+    """
+    B, N, T = tokens.shape
+    S = prompts.shape[1]
+    H, E = config.num_heads, config.head_dim
+    pmask = prompt_mask.astype(bool)
+    p_pos = llama.default_positions(pmask)  # [B,S]
+    c_pos = jnp.repeat(jnp.sum(pmask, axis=-1, dtype=jnp.int32), N)[:, None] + jnp.arange(T)
+    positions = jnp.concatenate([p_pos.reshape(-1), c_pos.reshape(-1)])[None]  # [1,R]
+    cos, sin = llama.rope_tables(config, positions)
+    ids = jnp.concatenate([prompts.reshape(-1), tokens.reshape(-1)])[None].astype(jnp.int32)
+    Rp = B * S
+    p_self = jnp.tril(jnp.ones((S, S), bool))[None] & pmask[:, None, :]  # [B,S,S]
+    c_prompt = jnp.broadcast_to(pmask[:, None, :], (B, N * T, S))  # N*T queries per prompt
+    c_self = jnp.tril(jnp.ones((T, T), bool))[None]  # [1,T,T]
+
+    def block(x, layer):
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [1,R,.,E]
+        qp, kp, vp = (a[0, :Rp].reshape(B, S, -1, E) for a in (q, k, v))
+        qc, kc, vc = (a[0, Rp:].reshape(B * N, T, -1, E) for a in (q, k, v))
+        out_p = llama.attention(qp, kp, vp, p_self)
+        o1, l1 = llama.attention(qc.reshape(B, N * T, H, E), kp, vp, c_prompt, with_lse=True)
+        o2, l2 = llama.attention(qc, kc, vc, c_self, with_lse=True)
+        out_c = llama.merge_attention(
+            [(o1.reshape(B * N, T, H, E), l1.reshape(B * N, T, H)), (o2, l2)]
+        )
+        out = jnp.concatenate([out_p.reshape(Rp, H, E), out_c.reshape(-1, H, E)])[None]
+        return llama.layer_out(layer, config, x, out), None
+
+    if remat:
+        block = jax.checkpoint(block)
+    x, _ = jax.lax.scan(block, llama.embed(params, ids, dtype), params["layers"])
+    x = x[0]
+    D = x.shape[-1]
+    xp, xc = x[:Rp].reshape(B, S, D), x[Rp:].reshape(B, N, T, D)
+    last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]
+    first = jnp.broadcast_to(last[:, None], (B, N, 1, D))
+    return jnp.concatenate([first, xc[:, :, : T - 1]], axis=2)
+
+
+def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
+                        with_entropy: bool = False, chunk_rows: int | None = None):  # fmt: skip
+    """TokenStats [...] of final hidden states hidden [..., D] and targets [...] int.
+
+    Rows are unembedded `chunk_rows` at a time inside lax.map with jax.checkpoint, so
+    forward and backward hold O(chunk_rows x V) float32 logits, never [rows, V].
+    """
+    lead, D = hidden.shape[:-1], hidden.shape[-1]
+    h, t = hidden.reshape(-1, D), targets.reshape(-1).astype(jnp.int32)
+    R = h.shape[0]
+    if chunk_rows is None:
+        chunk_rows = max(8, _CHUNK_ELEMENTS // config.vocab_size)
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1 or None; got {chunk_rows}.")
+    c = min(chunk_rows, R)
+    pad = -R % c
+    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, c, D)
+    t = jnp.pad(t, (0, pad)).reshape(-1, c)
+
+    @jax.checkpoint
+    def one(args):
+        hc, tc = args
+        logits = llama.unembed(params, config, hc[None])[0]  # [c,V] float32
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        lp = jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - lse
+        if not with_entropy:
+            return lp, None
+        probs = jnp.exp(logits - lse[:, None])
+        return lp, lse - jnp.sum(probs * logits, axis=-1)
+
+    lp, ent = jax.lax.map(one, (h, t))
+    unchunk = lambda a: a.reshape(-1)[:R].reshape(lead)  # noqa: E731
+    return TokenStats(unchunk(lp), unchunk(ent) if with_entropy else None)
 
 
 def completion_logprobs(
@@ -55,21 +164,41 @@ def completion_logprobs(
     shared_prompt: bool = True,
     with_entropy: bool = False,
     chunk_rows: int | None = None,
+    remat: bool = False,
 ) -> TokenStats:
     """Token log-probs (and entropies) of completions tokens [B,N,T] after prompts [B,S].
 
     Args:
       params, config: the policy (kjax.models.llama layout).
-      prompts: [B,S] int32, left-padded. prompt_mask: [B,S] bool/int, 0 on padding.
-      tokens: [B,N,T] int32, N completions per prompt.
+      prompts: [B,S] int32, any padding (left is usual). prompt_mask: [B,S] bool/int, 0 on
+        padding; each row needs >= 1 real token.
+      tokens: [B,N,T] int32, N completions per prompt (tokens after a stop are scored too;
+        mask them in the loss).
       dtype: compute dtype of the model (log-probs are float32 regardless).
-      shared_prompt: run each prompt once and let its N completions attend its K/V
-        (False: the reference path, prompt repeated N times).
+      shared_prompt: run each prompt once and let its N completions attend its K/V, with
+        completion-only chunked log-probs (False: the reference, prompt repeated N times
+        and full logits).
       with_entropy: also return per-token entropies.
-      chunk_rows: rows (of B*N*T) per log-prob chunk; None picks a default.
+      chunk_rows: rows (of B*N*T) unembedded at once on the shared path; None: ~32 MiB
+        of float32 logits per chunk.
+      remat: recompute each layer in the backward pass (less memory, more time).
     Returns:
       TokenStats(logprobs [B,N,T] float32, entropy [B,N,T] float32 or None).
     """
-    del shared_prompt, chunk_rows  # first version: the reference path for every flag
-    logits = _repeated_logits(params, config, prompts, prompt_mask, tokens, dtype)
-    return _stats_of_logits(logits, tokens, with_entropy)
+    if prompts.ndim != 2 or prompt_mask.shape != prompts.shape or tokens.ndim != 3:
+        raise ValueError(
+            f"prompts and prompt_mask must be [B,S] and tokens [B,N,T]; got {prompts.shape}, "
+            f"{prompt_mask.shape} and {tokens.shape}."
+        )
+    if tokens.shape[0] != prompts.shape[0]:
+        raise ValueError(
+            f"tokens [B,N,T] {tokens.shape} and prompts [B,S] {prompts.shape} disagree on B."
+        )
+    if not shared_prompt:
+        logits = repeated_logits(params, config, prompts, prompt_mask, tokens, dtype=dtype,
+                                 remat=remat)  # fmt: skip
+        return stats_of_logits(logits, tokens, with_entropy)
+    hidden = shared_prompt_hidden(params, config, prompts, prompt_mask, tokens, dtype=dtype,
+                                  remat=remat)  # fmt: skip
+    return chunked_token_stats(params, config, hidden, tokens, with_entropy=with_entropy,
+                               chunk_rows=chunk_rows)  # fmt: skip

@@ -1,0 +1,175 @@
+"""completion_logprobs: the shared-prompt, completion-only chunked path against the
+repeated-prompt full-logits reference (values, entropies and gradients), the chunked
+log-probs against the plain computation, and the sampler's raw-model log-probs."""
+
+import dataclasses
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kjax import sampling
+from kjax.models import Llama, LlamaConfig
+from kjax.rl import forward
+
+BASE = LlamaConfig(
+    vocab_size=37, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=8, rope_theta=500.0, rms_norm_eps=1e-5,
+)  # fmt: skip
+
+
+def _params(config, seed):
+    """Random params with O(1) logits (the 0.02 init makes every distribution ~uniform)."""
+    params = Llama(config, rngs=nnx.Rngs(params=jax.random.key(seed))).params()
+    key = jax.random.key(seed + 100)
+
+    def noisy(path, x):
+        k = jax.random.fold_in(key, zlib.crc32(jax.tree_util.keystr(path).encode()))
+        if "norm" in jax.tree_util.keystr(path):
+            return 1 + 0.3 * jax.random.normal(k, x.shape)
+        return x * 12.0  # std 0.24
+
+    return jax.tree_util.tree_map_with_path(noisy, params)
+
+
+def _batch(config, B, S, N, T, seed):
+    """Left-padded prompts (row 1 has 2 pads, the last row one real token when B > 2)."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((B, S), bool)
+    if B > 1:
+        mask[1, :2] = False
+    if B > 2:
+        mask[-1, : S - 1] = False
+    prompts = np.where(mask, rng.integers(0, config.vocab_size, (B, S)), 0).astype(np.int32)
+    tokens = rng.integers(0, config.vocab_size, (B, N, T)).astype(np.int32)
+    return jnp.asarray(prompts), jnp.asarray(mask), jnp.asarray(tokens)
+
+
+CASES = [  # (config changes, B, S, N, T)
+    (dict(), 3, 7, 3, 5),
+    (dict(num_kv_heads=4, tie_embeddings=True), 2, 5, 1, 4),  # N = 1, MHA, tied head
+    (dict(num_heads=6, num_kv_heads=1, head_dim=4, num_layers=3), 3, 4, 2, 1),  # MQA, T = 1
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_shared_prompt_equals_repeated_prompt(case):
+    changes, B, S, N, T = CASES[case]
+    config = dataclasses.replace(BASE, **changes)
+    params = _params(config, seed=case)
+    prompts, mask, tokens = _batch(config, B, S, N, T, seed=case)
+    weights = jax.random.normal(jax.random.key(7), tokens.shape)
+
+    def objective(params, shared):
+        stats = forward.completion_logprobs(params, config, prompts, mask, tokens,
+                                            shared_prompt=shared, with_entropy=True,
+                                            chunk_rows=4)  # fmt: skip
+        return jnp.sum(weights * stats.logprobs) + jnp.sum(stats.entropy**2), stats
+
+    grad = jax.jit(jax.grad(objective, has_aux=True), static_argnums=1)
+    g_new, new = grad(params, True)
+    g_ref, ref = grad(params, False)
+    # The test can fail: log-probs are far from uniform and vary per token.
+    assert float(jnp.std(ref.logprobs)) > 0.3
+    np.testing.assert_allclose(new.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(new.entropy, ref.entropy, atol=1e-5, rtol=0)
+    for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g_new),
+                          jax.tree.leaves(g_new), jax.tree.leaves(g_ref), strict=True):  # fmt: skip
+        scale = float(jnp.max(jnp.abs(b)))
+        assert scale > 0, path[0]
+        err = float(jnp.max(jnp.abs(a - b))) / scale
+        assert err < 1e-4, (jax.tree_util.keystr(path[0]), err)
+
+
+def test_logprobs_match_the_full_forward_of_each_sequence():
+    """Independent of both paths: each completion run alone (its prompt's padding
+    dropped) through llama.forward, log_softmax at its positions."""
+    config = BASE
+    params = _params(config, seed=3)
+    prompts, mask, tokens = _batch(config, 3, 6, 2, 4, seed=3)
+    stats = forward.completion_logprobs(params, config, prompts, mask, tokens)
+    for b in range(3):
+        real = np.asarray(prompts[b])[np.asarray(mask[b])]
+        for n in range(2):
+            seq = jnp.concatenate([jnp.asarray(real), tokens[b, n]])[None]
+            logp = jax.nn.log_softmax(forward.llama.forward(params, config, seq)[0], axis=-1)
+            L = len(real)
+            want = logp[jnp.arange(L - 1, L + 3), tokens[b, n]]
+            np.testing.assert_allclose(stats.logprobs[b, n], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 5, 64])
+def test_chunked_stats_equal_plain(chunk_rows):
+    """chunked_token_stats (any chunk size, padded last chunk) vs plain log_softmax of the
+    full unembedding, values and gradients."""
+    config = dataclasses.replace(BASE, tie_embeddings=chunk_rows == 5)
+    params = _params(config, seed=5)
+    hidden = jax.random.normal(jax.random.key(1), (2, 3, 7, config.hidden_size))
+    targets = jax.random.randint(jax.random.key(2), (2, 3, 7), 0, config.vocab_size)
+
+    def chunked(params, hidden):
+        s = forward.chunked_token_stats(params, config, hidden, targets, with_entropy=True,
+                                        chunk_rows=chunk_rows)  # fmt: skip
+        return jnp.sum(s.logprobs * jnp.cos(s.entropy)), s
+
+    def plain(params, hidden):
+        s = forward.stats_of_logits(forward.llama.unembed(params, config, hidden.reshape(
+            6, 7, -1)).reshape(2, 3, 7, -1), targets, with_entropy=True)  # fmt: skip
+        return jnp.sum(s.logprobs * jnp.cos(s.entropy)), s
+
+    (ga, a), (gb, b) = (jax.grad(f, argnums=(0, 1), has_aux=True)(params, hidden)
+                        for f in (chunked, plain))  # fmt: skip
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.entropy, b.entropy, atol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.max(jnp.abs(y))) + 1e-7)
+
+
+def test_chunked_stats_never_hold_all_logits():
+    """Compiled peak memory of value-and-grad grows with the chunk, not with the rows."""
+    config = dataclasses.replace(BASE, vocab_size=4096)
+    params = _params(config, seed=0)
+    targets = jnp.zeros((1024,), jnp.int32)
+    hidden = jax.ShapeDtypeStruct((1024, config.hidden_size), jnp.float32)
+
+    def temp_bytes(chunk_rows):
+        f = lambda p, h: jnp.sum(
+            forward.chunked_token_stats(
+                p,
+                config,
+                h,
+                targets,  # noqa: E731
+                chunk_rows=chunk_rows,
+            ).logprobs
+        )
+        compiled = jax.jit(jax.grad(f, argnums=1)).lower(params, hidden).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    full = 1024 * 4096 * 4
+    assert temp_bytes(1024) >= full  # the unchunked computation holds all logits
+    assert temp_bytes(32) < full / 4
+
+
+def test_sampler_model_logprobs_agree():
+    """The sampler's returned raw-model log-probs vs completion_logprobs on its tokens."""
+    config = BASE
+    params = _params(config, seed=11)
+    prompts, mask, _ = _batch(config, 3, 6, 1, 1, seed=11)
+    out = sampling.sample_params(params, prompts, mask, jax.random.key(0), jnp.float32(1.0),
+                                 config=config, n=4, max_new_tokens=9, stop_ids=(3,))  # fmt: skip
+    stats = forward.completion_logprobs(params, config, prompts, mask, out.tokens)
+    diff = np.abs(np.asarray(stats.logprobs - out.model_logprobs))[np.asarray(out.mask)]
+    print(f"max |sampler model_logprobs - completion_logprobs| = {diff.max():.2e}")
+    assert diff.max() < 2e-5
+    assert float(np.std(np.asarray(out.model_logprobs)[np.asarray(out.mask)])) > 0.1
+
+
+def test_bad_shapes_name_the_inputs():
+    prompts, mask, tokens = _batch(BASE, 2, 4, 2, 3, seed=0)
+    with pytest.raises(ValueError, match="tokens"):
+        forward.completion_logprobs({}, BASE, prompts, mask, tokens[0])
+    with pytest.raises(ValueError, match="disagree on B"):
+        forward.completion_logprobs({}, BASE, prompts, mask, tokens[:1])
