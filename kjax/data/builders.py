@@ -185,3 +185,7 @@ class Humaneval(tfds.core.GeneratorBasedBuilder):
                 row = json.loads(line)
                 keys = ("prompt", "test", "entry_point", "canonical_solution")
                 yield line_no, {"id": row["task_id"], **{k: row[k] for k in keys}}
+
+
+# Registered with TFDS on import, like the builders above; defined in its own module.
+from kjax.data.livebench import Livebench  # noqa: E402, F401
