@@ -84,16 +84,18 @@ def unbiased_allocation_value(correct, drawn, counts) -> float:
 
 
 def _greedy(s, c, budget, x, fail) -> tuple[np.ndarray, float]:
-    """Density greedy from counts x (failure rates fail [P]); skips what no longer fits."""
+    """Density greedy from counts x (failure rates fail [P]); skips what no longer fits.
+
+    It goes on while any sample fits, also at zero gain (f never decreases): the budget is
+    spent even where the success estimates are all 0."""
     x, fail = x.copy(), fail.copy()
     while True:
         room = budget - float(x @ c)
         fits = c <= room
-        gain = fail @ s / len(fail)  # [C] marginal gain of one more sample of each c
-        density = np.where(fits, gain / c, -1.0)
-        best = int(np.argmax(density))
-        if density[best] <= 0:
+        if not fits.any():
             return x, float(1.0 - fail.mean())
+        gain = fail @ s / len(fail)  # [C] marginal gain of one more sample of each c
+        best = int(np.argmax(np.where(fits, gain / c, -1.0)))
         x[best] += 1
         fail = fail * (1.0 - s[:, best])
 
@@ -182,7 +184,8 @@ def allocate(
       method: an AllocationMethod.
 
     Returns:
-      [C] int64 counts; always feasible.
+      [C] int64 counts; always feasible. Budget the method leaves over is spent by the
+      density greedy (never lowers f), so no sample that fits is left undrawn.
     """
     s, c, room = _check(success, costs, budget)
     method = AllocationMethod(method)
@@ -195,9 +198,11 @@ def allocate(
         else:
             method = AllocationMethod.GREEDY
     if method is AllocationMethod.EXACT:
-        return _exact(s, c, room)[0]
-    if method is AllocationMethod.GREEDY_ENUM3:
-        return _enum3(s, c, room)[0]
-    greedy = _greedy(s, c, room, np.zeros(len(c), np.int64), np.ones(len(s)))
-    single = _single_best(s, c, room)
-    return greedy[0] if greedy[1] >= single[1] else single[0]
+        x = _exact(s, c, room)[0]
+    elif method is AllocationMethod.GREEDY_ENUM3:
+        x = _enum3(s, c, room)[0]
+    else:
+        greedy = _greedy(s, c, room, np.zeros(len(c), np.int64), np.ones(len(s)))
+        single = _single_best(s, c, room)
+        x = greedy[0] if greedy[1] >= single[1] else single[0]
+    return _greedy(s, c, room, x, np.prod((1.0 - s) ** x, axis=1))[0]  # spend what is left

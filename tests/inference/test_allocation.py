@@ -106,3 +106,9 @@ def test_bad_inputs():
         allocate(np.array([[0.5, 0.1]]), [1.0], 2)
     with pytest.raises(ValueError, match="`budget`"):
         allocate(np.array([[0.5]]), [1.0], -1)
+
+
+@pytest.mark.parametrize("method", list(AllocationMethod))
+def test_the_budget_is_spent_even_without_any_success(method):
+    x = allocate(np.zeros((4, 3)), np.array([1.0, 2.0, 3.0]), 7, method=method)
+    assert float(x @ np.array([1.0, 2.0, 3.0])) > 7 - 1  # no sample of cost 1 still fits

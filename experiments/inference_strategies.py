@@ -1,0 +1,422 @@
+"""Inference-time strategies on a trained policy: best-of-N selectors and sample allocation.
+
+  python -m experiments.inference_strategies --workdir=DIR [--checkpoint=RUN_DIR] [--smoke]
+
+RUN_DIR is a training run's workdir (experiment.json + checkpoints/, as written by
+kjax.rl.loop.train_and_evaluate). Default: the quickstart's pass@k run (tiny_arith
+`passk`), trained into DIR/quickstart if absent (~2-5 min on 2 CPU cores). On kjax_arith
+and kjax_countdown held-out problems, with N samples each at the run's eval temperature:
+accuracy vs n for every selector (exact U-statistics: kjax.inference.best_of_n_accuracy,
+maj@k, Borda averaged over subsets), and the sample allocation over temperatures
+{0.4, 0.7, 1.0} fitted on training problems against the best single temperature at the
+same budget, valued on held-out problems (unbiased estimator). Writes DIR/inference.md,
+DIR/accuracy_vs_n.png and DIR/results.json. --smoke: a random-init tiny policy, a few
+problems (< 60 s on CPU; exercises every path). Countdown prompts for the character-level
+tiny model are "numbers target=" (its alphabet has no parentheses or division); a policy
+trained on arithmetic only is not expected to solve them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kjax import checkpoint, evaluation, inference, objectives, sharding
+from kjax.data import builders, loader, prompts, synthetic
+from kjax.models import llama
+from kjax.rewards import countdown
+from kjax.rl import task as task_lib
+from kjax.rl.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig, to_json
+from kjax.sampling import sample_params
+
+TEMPERATURES = (0.4, 0.7, 1.0)
+CHUNK = 32  # prompts per sampler call (one compilation per task)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    samples: int = 32  # N per held-out problem (curves) and per problem and temperature
+    problems: int = 200  # held-out problems per task (curves and allocation value)
+    train_problems: int = 200  # problems the allocation's success rates come from
+    budgets: tuple[int, ...] = (2, 4, 8, 16)  # samples per problem (unit cost each)
+    countdown_tokens: int = 12  # max new tokens of a countdown answer
+    borda_subsets: int = 64
+    seed: int = 0
+
+
+SMOKE = Setup(
+    samples=4, problems=8, train_problems=8, budgets=(2, 4), countdown_tokens=8, borda_subsets=8
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A trained model and its arithmetic task. vocab_size: the tokenizer's true vocabulary."""
+
+    cfg: TrainConfig
+    model_config: Any
+    params: Any
+    task: Any  # kjax.rl.task.Task
+    vocab_size: int
+
+
+def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
+    """The one place that knows the trainer's layout: experiment.json (to_json of the
+    TrainConfig), checkpoints/ holding a TrainState, the dataset under data/, and
+    kjax.rl.components.build_model for the architecture and tokenizer."""
+    from kjax.rl.components import build_model
+
+    run_dir = pathlib.Path(run_dir)
+    ident = json.loads((run_dir / "experiment.json").read_text())
+    cfg = TrainConfig(
+        model=ModelConfig(**ident["model"]),
+        task=TaskConfig(**ident["task"]),
+        eval=EvalConfig(**{**ident["eval"], "problems": problems}),
+        max_new_tokens=ident["max_new_tokens"],
+        seed=ident["seed"],
+    )
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    model_config, params, tokenizer = build_model(cfg, mesh)
+    if restore:
+        ckpt = checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig())
+        with ckpt:
+            if ckpt.latest_step() is None:
+                raise FileNotFoundError(f"--checkpoint: no checkpoint in {run_dir}/checkpoints.")
+            state, _ = ckpt.restore(None)  # the saved tree as is: only params are needed
+        params = jax.device_put(state["params"], jax.devices()[0])
+    task = task_lib.load_task(cfg, tokenizer, run_dir / "data")
+    vocab = min(getattr(task.tokenizer, "vocab_size", None) or 1 << 62, model_config.vocab_size)
+    return Policy(cfg, model_config, params, task, vocab)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownTask:
+    """kjax_countdown puzzles in kjax.rl.task's Task protocol (the trainer has no such kind)."""
+
+    tokenizer: Any
+    train: Sequence[dict]
+    test: Sequence[dict]
+    prompt_len: int
+    stop_ids: tuple[int, ...]
+
+    def prompt_ids(self, example: dict) -> list[int]:
+        if isinstance(self.tokenizer, task_lib.CharTokenizer):
+            text = " ".join(str(n) for n in example["numbers"]) + f" {example['target']}="
+            return [task_lib.CharTokenizer.bos_id] + self.tokenizer.encode(text)
+        message = {"role": "user", "content": prompts.instruction(prompts.Task.COUNTDOWN, example)}
+        return self.tokenizer.encode_chat([message])
+
+    def verify(self, completions, examples, pool=None):
+        return countdown.verify(
+            completions, [e["numbers"] for e in examples], [e["target"] for e in examples]
+        )
+
+
+def countdown_task(policy: Policy, data_dir, setup: Setup) -> CountdownTask:
+    spec = synthetic.CountdownSpec(count=3, max_number=20, max_target=60)
+    size = max(setup.problems, setup.train_problems)
+    name = f"c3m20t60n{size}s{setup.seed}"
+    bcfg = builders.CountdownConfig(
+        name=name, spec=spec, train_size=size, test_size=size, seed=setup.seed
+    )
+    source = loader.prepare(builders.KjaxCountdown, data_dir, config=bcfg).as_data_source()
+    split = lambda s, n: [loader.decode(source[s][i]) for i in range(n)]  # noqa: E731
+    task = CountdownTask(
+        policy.task.tokenizer,
+        split("train", setup.train_problems),
+        split("test", setup.problems),
+        0,
+        policy.task.stop_ids,
+    )
+    longest = max(len(task.prompt_ids(e)) for e in [*task.train, *task.test])
+    return dataclasses.replace(task, prompt_len=longest)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def completion_logits(params, prompts_, pmask, tokens, *, config):
+    """Logits [B,N,T,V] at each completion position (prompt repeated per sample)."""
+    B, N, T = tokens.shape
+    S = prompts_.shape[1]
+    seq = jnp.concatenate([jnp.repeat(prompts_, N, 0), tokens.reshape(B * N, T)], axis=1)
+    attn = jnp.concatenate([jnp.repeat(pmask, N, 0), jnp.ones((B * N, T), bool)], axis=1)
+    logits = llama.forward(params, config, seq, attention_mask=attn)
+    return logits[:, S - 1 : S + T - 1].reshape(B, N, T, -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """N samples of B problems. texts [B][N]; scores, answers [B,N] (verifier);
+    certainty [B,N] (self-certainty); loglik [B,N] (mean token log-prob at T=1)."""
+
+    texts: list[list[str]]
+    scores: np.ndarray
+    answers: np.ndarray
+    certainty: np.ndarray
+    loglik: np.ndarray
+
+    @property
+    def correct(self) -> np.ndarray:
+        return self.scores >= 1.0
+
+
+def draw(
+    policy: Policy,
+    task,
+    examples: Sequence[dict],
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    key,
+) -> Draw:
+    """Samples n completions of each example in chunks of CHUNK prompts and verifies them."""
+    tokens, masks, certs, logliks = [], [], [], []
+    for start in range(0, len(examples), CHUNK):
+        chunk = list(examples[start : start + CHUNK])
+        real = len(chunk)
+        chunk += [chunk[-1]] * (CHUNK - real)  # fixed shapes: one compilation
+        p, m = task_lib.prompt_batch(task, chunk)
+        ro = sample_params(
+            policy.params,
+            p,
+            m,
+            jax.random.fold_in(key, start),
+            jnp.float32(temperature),
+            config=policy.model_config,
+            n=n,
+            max_new_tokens=max_new_tokens,
+            stop_ids=task.stop_ids,
+        )
+        logits = completion_logits(policy.params, p, m, ro.tokens, config=policy.model_config)
+        cert = inference.self_certainty(logits, ro.mask, policy.vocab_size)
+        lp = jnp.sum(jnp.where(ro.mask, ro.model_logprobs, 0.0), -1) / jnp.maximum(ro.lengths, 1)
+        for out, x in ((tokens, ro.tokens), (masks, ro.mask), (certs, cert), (logliks, lp)):
+            out.append(np.asarray(x)[:real])
+    tokens, masks = np.concatenate(tokens), np.concatenate(masks)
+    texts = task_lib.decode(task, tokens, masks)
+    v = task.verify(texts, examples)
+    return Draw(texts, v.scores, v.answer_ids, np.concatenate(certs), np.concatenate(logliks))
+
+
+SELECTORS = (
+    "verifier score",
+    "reward: mean log-likelihood",
+    "self-certainty",
+    "majority vote",
+    "Borda (self-certainty, p=1)",
+)
+
+
+def accuracy_vs_n(d: Draw, *, subsets: int, key) -> dict[str, dict[int, float]]:
+    """{selector: {n: mean accuracy over problems}} for n in 1, 2, 4, ..., N."""
+    correct = jnp.asarray(d.correct)
+    answers = jnp.asarray(d.answers)
+    by_score = {
+        "verifier score": d.scores,
+        "reward: mean log-likelihood": d.loglik,
+        "self-certainty": d.certainty,
+    }
+    target = jnp.zeros(len(d.scores), jnp.int32)  # kjax verdicts: the reference is class 0
+    out = {name: {} for name in SELECTORS}
+    for n in evaluation.k_values(d.scores.shape[1]):
+        for name, s in by_score.items():
+            out[name][n] = float(jnp.mean(inference.best_of_n_accuracy(s, correct, n)))
+        out["majority vote"][n] = float(jnp.mean(objectives.majority_at_k(answers, target, n)))
+        borda = inference.subset_accuracy(
+            inference.select_by_borda,
+            (d.certainty, answers),
+            correct,
+            n,
+            key=key,
+            max_subsets=subsets,
+        )
+        out["Borda (self-certainty, p=1)"][n] = float(jnp.mean(borda))
+    return out
+
+
+def allocation_rows(train: list[Draw], test: list[Draw], budgets, n: int) -> list[dict]:
+    """Per budget: the allocation fitted on train draws vs the single temperature that is
+    best on train, both valued on test draws (unbiased); plus the best single on test."""
+    success = np.stack([d.correct.mean(1) for d in train], axis=1)  # [P, C]
+    k_test = np.stack([d.correct.sum(1) for d in test], axis=1)
+    C, rows = len(train), []
+    for b in budgets:
+        counts = inference.allocate(success, np.ones(C), b)
+        singles = [np.eye(C, dtype=np.int64)[c] * b for c in range(C)]
+        pick = int(np.argmax([inference.allocation_value(success, x) for x in singles]))
+        held = [inference.unbiased_allocation_value(k_test, n, x) for x in singles]
+        rows.append(
+            {
+                "budget": b,
+                "counts": counts.tolist(),
+                "allocation": inference.unbiased_allocation_value(k_test, n, counts),
+                "single_temperature": TEMPERATURES[pick],
+                "single": held[pick],
+                "best_single_on_test": max(held),
+            }
+        )
+    return rows
+
+
+def run(policy: Policy, workdir: pathlib.Path, setup: Setup) -> dict:
+    key = jax.random.key(setup.seed)
+    tasks = {
+        "kjax_arith": (policy.task, policy.cfg.max_new_tokens),
+        "kjax_countdown": (countdown_task(policy, workdir / "data", setup), setup.countdown_tokens),
+    }
+    results = {}
+    for t, (name, (task, tokens)) in enumerate(tasks.items()):
+        test = list(task.test)[: setup.problems]
+        train = [loader.decode(task.train[i]) for i in range(setup.train_problems)]
+        k = jax.random.fold_in(key, t)
+        main = draw(policy, task, test, setup.samples, policy.cfg.eval.temperature, tokens, k)
+        curves = accuracy_vs_n(main, subsets=setup.borda_subsets, key=k)
+        draws = {
+            s: [
+                draw(
+                    policy,
+                    task,
+                    ex,
+                    setup.samples,
+                    temp,
+                    tokens,
+                    jax.random.fold_in(k, 100 * (c + 1) + i),
+                )
+                for c, temp in enumerate(TEMPERATURES)
+            ]
+            for i, (s, ex) in enumerate((("train", train), ("test", test)))
+        }
+        rows = allocation_rows(draws["train"], draws["test"], setup.budgets, setup.samples)
+        results[name] = {
+            "curves": curves,
+            "allocation": rows,
+            "examples": [(test[0], main.texts[0][:4], main.scores[0][:4].tolist())],
+        }
+    return results
+
+
+def markdown(results: dict, setup: Setup, temperature: float) -> str:
+    lines = []
+    for name, r in results.items():
+        ns = sorted(next(iter(r["curves"].values())))
+        lines += [
+            f"### {name}: accuracy vs N ({setup.problems} held-out problems, "
+            f"{setup.samples} samples each at T={temperature})",
+            "",
+            "| selector | " + " | ".join(f"N={n}" for n in ns) + " |",
+            "|---|" + "---|" * len(ns),
+        ]
+        for sel, curve in r["curves"].items():
+            lines.append(f"| {sel} | " + " | ".join(f"{curve[n]:.3f}" for n in ns) + " |")
+        lines += [
+            "",
+            f"### {name}: allocation over T={list(TEMPERATURES)} (fitted on "
+            f"{setup.train_problems} training problems; held-out value, unbiased)",
+            "",
+            "| budget | counts | allocation | best single T (on train) | its value |"
+            " best single on held-out |",
+            "|---|---|---|---|---|---|",
+        ]
+        for a in r["allocation"]:
+            lines.append(
+                f"| {a['budget']} | {a['counts']} | {a['allocation']:.3f} | "
+                f"{a['single_temperature']} | {a['single']:.3f} | "
+                f"{a['best_single_on_test']:.3f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items(), strict=True):
+        for sel, curve in r["curves"].items():
+            ns = sorted(curve)
+            ax.plot(ns, [curve[n] for n in ns], marker="o", label=sel)
+        ax.set(
+            xscale="log",
+            xlabel="N (samples per problem)",
+            ylabel="accuracy of the pick",
+            title=name,
+            ylim=(0, 1),
+        )
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def smoke_run(workdir: pathlib.Path) -> pathlib.Path:
+    """A random-init tiny policy written in the trainer's run layout (no training)."""
+    run_dir = workdir / "smoke_run"
+    cfg = TrainConfig(
+        name="smoke", task=TaskConfig(train_size=64, test_size=16), eval=EvalConfig(problems=8)
+    )
+    checkpoint.ensure_workdir(run_dir, to_json(cfg))
+    policy = load_policy(run_dir, problems=8, restore=False)
+    with checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig()) as c:
+        c.save(1, {"params": policy.params, "step": jnp.int32(0)}, {}, force=True)
+        c.wait()
+    return run_dir
+
+
+def default_run(workdir: pathlib.Path) -> pathlib.Path:
+    """The quickstart's pass@k run under workdir/quickstart, trained if absent."""
+    from experiments import quickstart
+    from kjax.rl.loop import train_and_evaluate
+
+    cfg = quickstart.configs(workdir / "quickstart")["pass@k (k=8)"]
+    run_dir = workdir / "quickstart" / cfg.name
+    if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
+        print(f"training the quickstart's pass@k run into {run_dir} (a few minutes)")
+        train_and_evaluate(cfg, run_dir, progress=False)
+    return run_dir
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="experiments.inference_strategies")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--checkpoint", default=None, help="a training run's workdir")
+    parser.add_argument("--smoke", action="store_true", help="tiny random policy, < 60 s")
+    args = parser.parse_args(argv)
+    from absl import logging
+
+    logging.set_verbosity(logging.ERROR)
+    workdir = pathlib.Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    setup = SMOKE if args.smoke else Setup()
+    if args.checkpoint:
+        run_dir = pathlib.Path(args.checkpoint)
+        if not (run_dir / "experiment.json").is_file():
+            parser.error(f"--checkpoint={run_dir}: no experiment.json (a training workdir?)")
+    else:
+        run_dir = smoke_run(workdir) if args.smoke else default_run(workdir)
+    policy = load_policy(run_dir, problems=setup.problems)
+    results = run(policy, workdir, setup)
+    text = markdown(results, setup, policy.cfg.eval.temperature)
+    (workdir / "inference.md").write_text(f"policy: {run_dir}\n\n{text}")
+    (workdir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    plot(results, workdir / "accuracy_vs_n.png")
+    print(text)
+    print(f"wrote {workdir}/inference.md, accuracy_vs_n.png, results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
