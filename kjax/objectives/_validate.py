@@ -62,3 +62,31 @@ def check_k(k, n: int, *, name: str = "k", min_n: int | None = None) -> int:
             f"estimate exists from fewer. Sample more per prompt (N >= {need}) or lower {name}."
         )
     return k
+
+
+def check_weights(weights, n: int, min_n, name: str = "weights") -> tuple[tuple[int, float], ...]:
+    """Returns a mixture's {k: w_k} as sorted ((k, w_k), ...) after checking every entry.
+
+    Each k must be a static int with min_n(k) <= n (min_n: k -> the smallest N the
+    per-k estimator needs); each w_k a finite float >= 0 (a negative weight would make
+    the mixture reward a worse best-of-k). Raises ValueError naming k and N otherwise.
+    """
+    if not hasattr(weights, "items") or len(weights) == 0:
+        raise ValueError(
+            f"`{name}` must be a non-empty mapping {{k: w_k}}, e.g. maxrl_weights(4); "
+            f"got {weights!r}."
+        )
+    out = []
+    for k, w in weights.items():
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"`{name}` keys must be ints k >= 1; got k={k!r}.")
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not np.isfinite(w) or w < 0:
+            raise ValueError(f"`{name}`[{k}] must be a finite float >= 0; got {w!r}.")
+        need = min_n(int(k))
+        if n < need:
+            raise ValueError(
+                f"`{name}` has k={k}, which needs at least {need} samples per prompt but "
+                f"N={n}. Drop k={k} from `{name}` or sample N >= {need} per prompt."
+            )
+        out.append((int(k), float(w)))
+    return tuple(sorted(out))

@@ -5,11 +5,16 @@ gradient is (1/N) sum_i A_i grad log pi(y_i). The k-sample estimators follow PKP
 Tang et al.: the gradient is sum_i A_i grad log pi(y_i), unbiased for grad J_k with
 J_k = E[max of k samples]. Binary pass@k is max@k on {0, 1} rewards. All outputs are
 [B, N] under stop_gradient. The math and its sources: shared/design/ESTIMATORS.md.
+
+"Centred" means one thing throughout kjax: the advantage minus its own group mean
+(`CENTERED` here, `centered=True` in `majority`). What differs at k = 1 is the
+advantage being centred; see `MaxAtKEstimator.CENTERED`.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +33,34 @@ class MeanBaseline(enum.Enum):
 
 
 class MaxAtKEstimator(enum.Enum):
-    """Estimators of grad max@k (pass@k on binary rewards); see ESTIMATORS.md section 2."""
+    """Estimators of grad max@k (pass@k on binary rewards); see ESTIMATORS.md section 2.
+
+    S, LOO, L2O and LOO_MINUS_ONE are unbiased. L2O and LOO_MINUS_ONE are the ones to
+    use: shift-invariant, zero on an all-equal group, and equal to RLOO / N at k = 1.
+
+    CENTERED is LOO_MINUS_ONE minus its group mean (Tang et al.'s biased variant). For
+    k >= 2 its expectation is (1 - k/N) grad J_k + (k/N) grad J_{k-1} (grad J_{k-1} at
+    N == k). At k = 1 LOO_MINUS_ONE is RLOO / N, whose group mean is already 0, so
+    CENTERED is RLOO / N too and unbiased: the formula above does not apply. (The maj@k
+    `centered=True` at k = 1 centres f(y_i) / N instead, an empty vote scoring 0, and so
+    is Dr.GRPO / N with expectation (1 - 1/N) grad J_1; max over an empty set has no
+    such value.)
+    """
 
     S = "s"  # No baseline; unbiased (PKPO Thm 4).
-    LOO = "loo"  # s minus k/(N-1) * max@k of the other samples; unbiased; needs N > k.
-    LOO_MINUS_ONE = "loo_minus_one"  # PKPO eq. 33; unbiased; Tang et al.'s LOO at N == k.
-    CENTERED = "centered"  # LOO_MINUS_ONE minus its group mean; Tang et al.'s biased variant.
+    # PKPO eq. 29-32 as published: s_i - k/(N-1) * m_k(others); unbiased; needs N > k.
+    # Unlike L2O (coefficient k/N) it is not centred, not shift-invariant, not RLOO at k = 1.
+    LOO = "loo"
+    # m_k(all N) - m_k(all but i) = s_i - (k/N) m_k(others): exactly centred (sums to 0),
+    # shift-invariant, RLOO / N at k = 1; unbiased; needs N > k (Takashiro et al. 2026, MaxPO).
+    L2O = "l2o"
+    LOO_MINUS_ONE = "loo_minus_one"  # PKPO eq. 33; unbiased; >= 0; Tang et al.'s LOO at N == k.
+    CENTERED = "centered"  # LOO_MINUS_ONE minus its group mean; biased for k >= 2 (see above).
     CHEN_ANALYTIC = "chen_analytic"  # Chen et al. 2025 analytic pass@k advantage; binary only.
+
+    def min_samples(self, k: int) -> int:
+        """The smallest group size N this estimator accepts for a given k."""
+        return k + 1 if self in (MaxAtKEstimator.LOO, MaxAtKEstimator.L2O) else k
 
 
 _ZSCORE_EPS = 1e-6
@@ -48,19 +74,23 @@ def mean_advantages(rewards: jax.Array, baseline: MeanBaseline = MeanBaseline.RL
       baseline: which baseline to subtract (an enum, validated).
 
     Returns:
-      [B, N] float advantages under stop_gradient. RLOO needs N >= 2.
+      [B, N] float advantages under stop_gradient. RLOO needs N >= 2. An all-equal group
+      gives exactly 0 for every baseline, also in float32.
     """
     rewards = check_group(rewards, "rewards", "float")
     n = rewards.shape[1]
-    mean = jnp.mean(rewards, axis=-1, keepdims=True)
+    # Every baseline is shift-invariant; shifting by a member of the group first makes an
+    # all-equal group exactly 0 (the float32 mean of 0.1 repeated is not exactly 0.1, and
+    # GRPO would divide that rounding error by a std of the same size).
+    shifted = rewards - rewards[:, :1]
+    centred = shifted - jnp.mean(shifted, axis=-1, keepdims=True)
     if baseline is MeanBaseline.RLOO:
         check_k(2, n, name="N for the RLOO baseline")
-        adv = (rewards - mean) * (n / (n - 1))  # == r_i - mean_{j != i} r_j
+        adv = centred * (n / (n - 1))  # == r_i - mean_{j != i} r_j
     elif baseline is MeanBaseline.GROUP_MEAN:
-        adv = rewards - mean
+        adv = centred
     elif baseline is MeanBaseline.GROUP_ZSCORE:
-        std = jnp.std(rewards, axis=-1, keepdims=True)
-        adv = (rewards - mean) / (std + _ZSCORE_EPS)
+        adv = centred / (jnp.std(shifted, axis=-1, keepdims=True) + _ZSCORE_EPS)
     else:
         raise ValueError(f"`baseline` must be a MeanBaseline; got {baseline!r}.")
     return jax.lax.stop_gradient(adv)
@@ -88,47 +118,65 @@ def prefix_sum_exclusive(x: jax.Array) -> jax.Array:
     return jnp.concatenate([jnp.zeros_like(incl[..., :1]), incl[..., :-1]], axis=-1)
 
 
-def _const(table, dtype) -> jax.Array:
-    return jnp.asarray(table, dtype=dtype)
+Weights = tuple[tuple[int, float], ...]  # ((k, w_k), ...): hashable, validated by the caller
 
 
-def _s_sorted(r_sorted: jax.Array, n: int, k: int) -> jax.Array:
-    """s at each sorted position p: [C(p-1,k-1) r_(p) + sum_{j>p} C(j-2,k-2) r_(j)] / C(n,k)."""
-    pos = np.arange(1, n + 1)
-    own = _const(binomial.max_at_k_weights(n, k), r_sorted.dtype)
-    above = _const(binomial.comb_ratio(pos - 2, k - 2, n, k), r_sorted.dtype)
-    return own * r_sorted + suffix_sum_exclusive(above * r_sorted)
+_TABLES = {
+    MaxAtKEstimator.S: binomial.s_linear_weights,  # (own, below, above) [N]
+    MaxAtKEstimator.LOO: binomial.loo_linear_weights,
+    MaxAtKEstimator.L2O: binomial.l2o_gap_weights,  # (lower, upper) [N-1]
+    MaxAtKEstimator.LOO_MINUS_ONE: binomial.loo_minus_one_gap_weights,
+    MaxAtKEstimator.CENTERED: binomial.loo_minus_one_gap_weights,
+}
 
 
-def _loo_minus_one_sorted(r_sorted: jax.Array, n: int, k: int) -> jax.Array:
-    """[C(p-1,k-1) r_(p) - sum_{j<p} C(j-1,k-2) r_(j)] / C(n,k), for k >= 2.
+@functools.lru_cache(maxsize=256)
+def _tables(n: int, weights: Weights, estimator: MaxAtKEstimator) -> tuple[np.ndarray, ...]:
+    """sum_k w_k (the estimator's tables at k), slot by slot, float64 on the host."""
+    per_k = [_TABLES[estimator](n, k) for k, _ in weights]
+    return tuple(
+        sum(w * t[slot] for (_, w), t in zip(weights, per_k, strict=True))
+        for slot in range(len(per_k[0]))
+    )
 
-    By the hockey-stick identity C(p-1,k-1) = sum_{j<p} C(j-1,k-2), so this equals
-    sum_{j<p} C(j-1,k-2) (r_(p) - r_(j)) / C(n,k) >= 0 and is invariant to shifting the
-    rewards. Shifting by the group's top reward keeps float32 cancellation small.
+
+def sorted_advantages(rewards: jax.Array, weights: Weights, estimator: MaxAtKEstimator):
+    """sum_k w_k A^(k) [B, N] after one sort, for every estimator but CHEN_ANALYTIC.
+
+    Each estimator's A^(k) at sorted rank p is a fixed linear form in the sorted rewards
+    whose coefficients depend on (N, k) but not on p beyond "below p / at p / above p",
+    so a sum over k is a sum of float64 tables and costs one pass. The shift-invariant
+    estimators use the gaps r_(g+1) - r_(g) (binomial.*_gap_weights): ties contribute
+    exactly 0 and float32 rounding is relative to the advantage, not to the rewards.
+    Arguments are validated by the callers (static N, each k, weights >= 0).
     """
-    pos = np.arange(1, n + 1)
-    own = _const(binomial.max_at_k_weights(n, k), r_sorted.dtype)
-    below = _const(binomial.comb_ratio(pos - 1, k - 2, n, k), r_sorted.dtype)
-    shifted = r_sorted - r_sorted[..., -1:]
-    adv = own * shifted - prefix_sum_exclusive(below * shifted)
-    return jnp.maximum(adv, 0.0)  # exact value is >= 0; clip only rounding error
-
-
-def _loo_sorted(r_sorted: jax.Array, n: int, k: int) -> jax.Array:
-    """s - k/(n-1) * max@k of the other n-1 samples, for n > k (PKPO eq. 29-32)."""
-    w_rest = _const(binomial.max_at_k_weights(n - 1, k), r_sorted.dtype)  # [n-1]
-    zero = jnp.zeros((1,), r_sorted.dtype)
-    # Removing sorted position p moves r_(j) to rank j for j < p and to rank j-1 for j > p.
-    rank_same = jnp.concatenate([w_rest, zero])  # weight of r_(j) if j < p
-    rank_down = jnp.concatenate([zero, w_rest])  # weight of r_(j) if j > p
-    m_rest = prefix_sum_exclusive(rank_same * r_sorted) + suffix_sum_exclusive(rank_down * r_sorted)
-    return _s_sorted(r_sorted, n, k) - (k / (n - 1)) * m_rest
+    n = rewards.shape[1]
+    dtype = rewards.dtype
+    r, _, inverse = sort_group(rewards)
+    if estimator in (MaxAtKEstimator.S, MaxAtKEstimator.LOO):
+        own, below, above = _tables(n, weights, estimator)
+        adv = jnp.asarray(own, dtype) * r + suffix_sum_exclusive(jnp.asarray(above, dtype) * r)
+        if np.any(below):
+            adv = adv + prefix_sum_exclusive(jnp.asarray(below, dtype) * r)
+    else:
+        lower, upper = _tables(n, weights, estimator)
+        gaps = r[:, 1:] - r[:, :-1]  # [B, N-1], >= 0
+        zero = jnp.zeros_like(r[:, :1])
+        adv = jnp.concatenate([zero, jnp.cumsum(jnp.asarray(lower, dtype) * gaps, axis=-1)], -1)
+        if np.any(upper):  # sum over gaps g >= p
+            up = jnp.flip(jnp.cumsum(jnp.flip(jnp.asarray(upper, dtype) * gaps, -1), -1), -1)
+            adv = adv + jnp.concatenate([up, zero], axis=-1)
+    adv = jnp.take_along_axis(adv, inverse, axis=-1)
+    if estimator is MaxAtKEstimator.CENTERED:
+        adv = adv - jnp.mean(adv, axis=-1, keepdims=True)
+    return jax.lax.stop_gradient(adv)
 
 
 def _chen_analytic(rewards: jax.Array, n: int, k: int) -> jax.Array:
-    """Chen et al. 2025 (Pass@k Training) analytic advantage for {0, 1} rewards."""
-    c = jnp.round(jnp.sum(rewards, axis=-1)).astype(jnp.int32)  # [B]
+    """Chen et al. 2025 (Pass@k Training) analytic advantage; NaN rows unless {0, 1}."""
+    is_one = rewards == 1
+    binary = jnp.all(is_one | (rewards == 0), axis=-1, keepdims=True)  # NaN is neither
+    c = jnp.sum(is_one, axis=-1, dtype=jnp.int32)  # [B]
     cs = np.arange(n + 1)  # host-side float64 tables over c = 0..n correct
     big_r = binomial.pass_at_k_table(n, k)
     sigma = np.sqrt(np.clip(big_r * (1.0 - big_r), 0.0, None))
@@ -136,9 +184,9 @@ def _chen_analytic(rewards: jax.Array, n: int, k: int) -> jax.Array:
     safe = np.where(sigma > 0, sigma, 1.0)
     pos_tab = np.where(sigma > 0, (1.0 - big_r) / safe, 0.0)
     neg_tab = np.where(sigma > 0, (1.0 - big_r - miss) / safe, 0.0)
-    pos = _const(pos_tab, rewards.dtype)[c][:, None]
-    neg = _const(neg_tab, rewards.dtype)[c][:, None]
-    return jnp.where(rewards > 0.5, pos, neg)
+    pos = jnp.asarray(pos_tab, rewards.dtype)[c][:, None]
+    neg = jnp.asarray(neg_tab, rewards.dtype)[c][:, None]
+    return jnp.where(binary, jnp.where(is_one, pos, neg), jnp.nan)
 
 
 def max_at_k_advantages(
@@ -148,56 +196,43 @@ def max_at_k_advantages(
 ) -> jax.Array:
     """Per-sample advantages whose score-function gradient targets max@k (pass@k if binary).
 
-    sum_i A_i grad log pi(y_i) is unbiased for grad E[max of k samples] for S, LOO and
-    LOO_MINUS_ONE; CENTERED has expectation (1 - k/N) grad J_k + (k/N) grad J_{k-1}
-    (exactly grad J_{k-1} at N == k); CHEN_ANALYTIC is a normalized, biased advantage.
-    O(N log N) per group: one sort, prefix/suffix sums, constant float64 weights.
+    sum_i A_i grad log pi(y_i) is unbiased for grad E[max of k samples] for S, LOO, L2O
+    and LOO_MINUS_ONE; CENTERED is biased for k >= 2 (see MaxAtKEstimator);
+    CHEN_ANALYTIC is a normalized, biased advantage, ((N-k)/k) L2O / sigma on binary
+    rewards. O(N log N) per group: one sort, prefix/suffix sums, float64 constant tables.
 
     Args:
-      rewards: [B, N] float. For CHEN_ANALYTIC, values must be in {0, 1}.
-      k: static int, 1 <= k <= N (LOO needs N > k). For k = 1, LOO_MINUS_ONE and
-        CENTERED are RLOO in this module's sum convention: (r_i - mean_{j != i} r_j) / N.
+      rewards: [B, N] float. For CHEN_ANALYTIC, values must be in {0, 1}: eagerly any
+        other value raises; under jit (where values cannot be checked) a group with any
+        value other than 0 or 1 gets NaN advantages, as does a group with a NaN reward.
+      k: static int, 1 <= k <= N (LOO and L2O need N > k). At k = 1, L2O, LOO_MINUS_ONE
+        and CENTERED are RLOO in this module's sum convention: (r_i - mean_{j != i} r_j) / N.
       estimator: a MaxAtKEstimator.
 
     Returns:
-      [B, N] advantages under stop_gradient, in the rewards' dtype.
+      [B, N] advantages under stop_gradient, in the rewards' dtype. NaN rewards give NaN.
 
     References: Walder & Karkhanis 2025 (PKPO); Tang, Zheng, Synnaeve & Munos 2025;
-      Chen et al. 2025 (Pass@k Training).
+      Chen et al. 2025 (Pass@k Training); Takashiro et al. 2026 (MaxPO).
     """
     rewards = check_group(rewards, "rewards", "float")
     n = rewards.shape[1]
     if not isinstance(estimator, MaxAtKEstimator):
         raise ValueError(f"`estimator` must be a MaxAtKEstimator; got {estimator!r}.")
-    k = check_k(k, n, min_n=k + 1 if estimator is MaxAtKEstimator.LOO else None)
-
+    k = check_k(k, n)
+    check_k(k, n, min_n=estimator.min_samples(k))
     if estimator is MaxAtKEstimator.CHEN_ANALYTIC:
         _check_binary_if_concrete(rewards)
         return jax.lax.stop_gradient(_chen_analytic(rewards, n, k))
-    if k == 1 and estimator in (MaxAtKEstimator.LOO_MINUS_ONE, MaxAtKEstimator.CENTERED):
-        if n == 1:
-            return jnp.zeros_like(rewards)  # a lone sample has no leave-one-out baseline
-        return mean_advantages(rewards, MeanBaseline.RLOO) / n
-
-    r_sorted, _, inverse = sort_group(rewards)
-    if estimator is MaxAtKEstimator.S:
-        adv_sorted = _s_sorted(r_sorted, n, k)
-    elif estimator is MaxAtKEstimator.LOO:
-        adv_sorted = _loo_sorted(r_sorted, n, k)
-    else:
-        adv_sorted = _loo_minus_one_sorted(r_sorted, n, k)
-    adv = jnp.take_along_axis(adv_sorted, inverse, axis=-1)
-    if estimator is MaxAtKEstimator.CENTERED:
-        adv = adv - jnp.mean(adv, axis=-1, keepdims=True)
-    return jax.lax.stop_gradient(adv)
+    return sorted_advantages(rewards, ((k, 1.0),), estimator)
 
 
 def _check_binary_if_concrete(rewards: jax.Array) -> None:
-    """Raises if concrete rewards are not in {0, 1}; traced values cannot be checked."""
+    """Raises if concrete rewards hold a value other than 0, 1 or NaN (NaN propagates)."""
     if isinstance(rewards, jax.core.Tracer):
-        return
-    if not bool(jnp.all((rewards == 0) | (rewards == 1))):
+        return  # under jit `_chen_analytic` returns NaN rows for non-binary groups instead
+    if not bool(jnp.all((rewards == 0) | (rewards == 1) | jnp.isnan(rewards))):
         raise ValueError(
             "`rewards` must be binary (0 or 1) for MaxAtKEstimator.CHEN_ANALYTIC; use "
-            "LOO_MINUS_ONE for continuous rewards."
+            "LOO_MINUS_ONE or L2O for continuous rewards."
         )

@@ -31,9 +31,9 @@ def test_metrics_match_oracle(n, k):
         )
 
 
-# LOO needs N > k; its ValueError for N == k is tested in test_validation.
+# LOO and L2O need N > k; their ValueError for N == k is tested in test_validation.
 ADVANTAGE_CASES = [
-    (e, n, k) for e in obj.MaxAtKEstimator for n, k in cases() if not (e.name == "LOO" and n == k)
+    (e, n, k) for e in obj.MaxAtKEstimator for n, k in cases() if n >= e.min_samples(k)
 ]
 
 
@@ -49,28 +49,33 @@ def test_max_at_k_advantages_match_oracle(estimator, n, k):
     np.testing.assert_allclose(got, ref.max_at_k_advantages_ref(rewards, k, estimator), RTOL, ATOL)
 
 
+MIXED = [e for e in obj.MaxAtKEstimator if e is not obj.MaxAtKEstimator.CHEN_ANALYTIC]
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("estimator", MIXED)
+def test_mixture_matches_oracle(estimator, n):
+    """sum_k w_k A^(k) over a random set of valid k (every k once across the seeds)."""
+    rng = np.random.default_rng(100 * n + MIXED.index(estimator))
+    valid = [k for k in range(1, n + 1) if n >= estimator.min_samples(k)]
+    ks = rng.choice(valid, size=min(3, len(valid)), replace=False)
+    weights = {int(k): float(w) for k, w in zip(ks, rng.uniform(0.0, 2.0, len(ks)), strict=True)}
+    rewards = rewards_with_ties(rng, 6, n)
+    with jax.enable_x64(True):
+        got = obj.max_at_k_mixture_advantages(rewards, weights, estimator=estimator)
+    want = ref.max_at_k_mixture_advantages_ref(rewards, weights, estimator)
+    np.testing.assert_allclose(got, want, RTOL, ATOL)
+    with jax.enable_x64(True):  # every k of MaxRL with the largest valid T
+        got = obj.max_at_k_mixture_advantages(
+            rewards, obj.maxrl_weights(valid[-1]), estimator=estimator
+        )
+    want = ref.max_at_k_mixture_advantages_ref(rewards, obj.maxrl_weights(valid[-1]), estimator)
+    np.testing.assert_allclose(got, want, RTOL, ATOL)
+
+
 @pytest.mark.parametrize("baseline", list(obj.MeanBaseline))
 def test_mean_advantages_match_oracle(baseline):
     rewards = rewards_with_ties(np.random.default_rng(7), 8, 6)
     with jax.enable_x64(True):
         got = obj.mean_advantages(rewards, baseline)
     np.testing.assert_allclose(got, ref.mean_advantages_ref(rewards, baseline), RTOL, ATOL)
-
-
-@pytest.mark.parametrize(("n", "k"), [c for c in cases() if c[0] >= 2])
-def test_offpolicy_matches_oracle(n, k):
-    rng = np.random.default_rng(10 * n + k)
-    rewards = rewards_with_ties(rng, 6, n)
-    log_ratio = rng.normal(0.0, 0.3, size=(6, n))
-    with jax.enable_x64(True):
-        got = obj.max_at_k_offpolicy_advantages(rewards, log_ratio, k, clamp=0.25)
-    want = ref.max_at_k_offpolicy_advantages_ref(rewards, log_ratio, k, clamp=0.25)
-    np.testing.assert_allclose(got, want, RTOL, ATOL)
-
-
-def test_offpolicy_with_zero_log_ratio_is_s():
-    rewards = rewards_with_ties(np.random.default_rng(3), 4, 7)
-    with jax.enable_x64(True):
-        off = obj.max_at_k_offpolicy_advantages(rewards, np.zeros_like(rewards), 3, clamp=0.2)
-        s = obj.max_at_k_advantages(rewards, 3, obj.MaxAtKEstimator.S)
-    np.testing.assert_allclose(off, s, RTOL, ATOL)

@@ -54,7 +54,9 @@ def test_pass_at_k_in_unit_interval_and_monotone(case):
 def test_advantages_are_permutation_equivariant(case):
     rewards, k, perm = case
     with jax.enable_x64(True):
-        for e in (E.S, E.LOO_MINUS_ONE, E.CENTERED) + ((E.LOO,) if rewards.shape[1] > k else ()):
+        for e in (
+            e for e in E if e is not E.CHEN_ANALYTIC and rewards.shape[1] >= e.min_samples(k)
+        ):
             a = obj.max_at_k_advantages(rewards, k, e)
             a_perm = obj.max_at_k_advantages(rewards[:, perm], k, e)
             np.testing.assert_allclose(a_perm, np.asarray(a)[:, perm], rtol=1e-10, atol=1e-12)
@@ -73,3 +75,25 @@ def test_s_sums_to_k_max_at_k_and_loo_minus_one_nonnegative(case):
         np.testing.assert_allclose(
             shifted, obj.max_at_k_advantages(rewards, k, E.LOO_MINUS_ONE), atol=1e-10
         )
+
+
+@SETTINGS
+@given(groups())
+def test_l2o_is_exactly_centred_and_shift_invariant(case):
+    rewards, k, _ = case
+    if rewards.shape[1] <= k:
+        k = rewards.shape[1] - 1  # L2O needs N > k; groups() has N >= 2
+    with jax.enable_x64(True):
+        a = np.asarray(obj.max_at_k_advantages(rewards, k, E.L2O))
+        shifted = obj.max_at_k_advantages(rewards + 3.0, k, E.L2O)
+        loo = np.asarray(obj.max_at_k_advantages(rewards, k, E.LOO))
+    np.testing.assert_allclose(a.sum(-1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(shifted, a, atol=1e-12)
+    # PKPO's LOO differs from L2O by (k/N - k/(N-1)) m_k(others): the same vector only
+    # when every m_k(others) is 0.
+    n = rewards.shape[1]
+    with jax.enable_x64(True):
+        m_rest = np.stack(
+            [obj.max_at_k(np.delete(rewards, i, axis=1), k) for i in range(n)], axis=-1
+        )
+    np.testing.assert_allclose(loo - a, (k / n - k / (n - 1)) * m_rest, atol=1e-12)

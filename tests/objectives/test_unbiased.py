@@ -31,14 +31,66 @@ def expected(n, fn, values=VALUES, scale=1.0):
     return expected_score_gradient(jnp.asarray(THETA), outcomes, adv, scale)
 
 
-@pytest.mark.parametrize(("n", "k"), NK)
-@pytest.mark.parametrize("estimator", [E.S, E.LOO, E.LOO_MINUS_ONE])
+UNBIASED = [E.S, E.LOO, E.L2O, E.LOO_MINUS_ONE]
+
+
+@pytest.mark.parametrize(
+    ("estimator", "n", "k"),
+    [(e, n, k) for e in UNBIASED for n, k in NK if n >= e.min_samples(k)],
+)
 def test_unbiased_for_grad_max_at_k(estimator, n, k):
-    if estimator is E.LOO and n == k:
-        return  # LOO is undefined at N == k (a ValueError, tested in test_validation)
     with jax.enable_x64(True):
         got = expected(n, lambda r: obj.max_at_k_advantages(r, k, estimator))
         np.testing.assert_allclose(got, grad_j(k), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", [E.LOO, E.L2O])
+def test_leave_one_out_of_k_needs_more_than_k_samples(estimator):
+    # m_k(all but i) needs N - 1 >= k: at N == k there is nothing to estimate, so raise.
+    with pytest.raises(ValueError, match="`k`=3 needs at least 4 samples .* N=3"):
+        obj.max_at_k_advantages(jnp.zeros((1, 3)), 3, estimator)
+
+
+def maxrl_objective(theta, t, answer=2):
+    """MaxRL's truncated maximum likelihood, -sum_{k<=T} (1-p)^k / k, p = pi(answer)."""
+    p = jax.nn.softmax(theta)[answer]
+    return -sum((1.0 - p) ** k / k for k in range(1, t + 1))
+
+
+@pytest.mark.parametrize(
+    ("estimator", "n", "t"),
+    [
+        (e, n, t)
+        for e in UNBIASED
+        for n in (2, 3, 4, 5)
+        for t in range(1, n + 1)
+        if n >= e.min_samples(t)
+    ],
+)
+def test_maxrl_mixture_is_unbiased_for_truncated_likelihood(estimator, n, t):
+    correct = np.array([0.0, 0.0, 1.0, 0.0])
+    weights = obj.maxrl_weights(t)
+    with jax.enable_x64(True):
+        got = expected(
+            n,
+            lambda r: obj.max_at_k_mixture_advantages(r, weights, estimator=estimator),
+            correct,
+        )
+        want = jax.grad(maxrl_objective)(jnp.asarray(THETA), t)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+        assert np.abs(want).max() > 1e-2  # the check has teeth
+
+
+@pytest.mark.parametrize("estimator", UNBIASED)
+def test_mixture_is_unbiased_for_weighted_sum_on_continuous_rewards(estimator):
+    n, weights = 5, {1: 0.7, 2: 0.0, 3: 1.5, 4: 0.25}
+    weights = {k: w for k, w in weights.items() if n >= estimator.min_samples(k)}
+    with jax.enable_x64(True):
+        got = expected(
+            n, lambda r: obj.max_at_k_mixture_advantages(r, weights, estimator=estimator)
+        )
+        want = sum(w * grad_j(k) for k, w in weights.items())
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize(("n", "k"), [(n, k) for n, k in NK if k >= 2])
@@ -71,7 +123,7 @@ def test_pass_at_k_matches_closed_form(n, k):
 
     with jax.enable_x64(True):
         want = jax.grad(pass_at_k_closed)(jnp.asarray(THETA))
-        for estimator in (E.S, E.LOO_MINUS_ONE):
+        for estimator in (e for e in UNBIASED if n >= e.min_samples(k)):
             got = expected(n, lambda r, e=estimator: obj.max_at_k_advantages(r, k, e), correct)
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 
@@ -86,37 +138,3 @@ def test_mean_baselines(n):
             n, lambda r: obj.mean_advantages(r, obj.MeanBaseline.GROUP_MEAN), scale=1 / n
         )
         np.testing.assert_allclose(drgrpo, (1 - 1 / n) * grad_j(1), rtol=1e-9, atol=1e-12)
-
-
-@pytest.mark.parametrize(("n", "k"), [(3, 2), (4, 2), (4, 3)])
-def test_offpolicy_error_is_second_order(n, k):
-    """Samples from pi_old, gradient at theta = theta_old + eps*u: the linearised importance
-    weights leave an O(eps^2) error, while ignoring the ratios leaves O(eps)."""
-    u = np.array([0.5, -1.0, 0.25, 0.75])
-    outcomes = all_outcomes(len(THETA), n)
-
-    def errors(eps):
-        theta = jnp.asarray(THETA + eps * u)
-        r = jnp.asarray(VALUES)[outcomes]
-        logp_new = jax.nn.log_softmax(theta)[outcomes]
-        logp_old = jax.nn.log_softmax(jnp.asarray(THETA))[outcomes]
-        adv = obj.max_at_k_offpolicy_advantages(r, logp_new - logp_old, k, clamp=10.0)
-        naive = obj.max_at_k_advantages(r, k, E.S)
-        # E_old[sum_i A_i grad log pi_theta(y_i)]: old-policy weights, new-policy scores.
-        w_old = jnp.exp(jnp.sum(logp_old, -1))
-        p = jax.nn.softmax(theta)
-        onehot = jax.nn.one_hot(outcomes, len(THETA), dtype=theta.dtype)
-
-        def est(a):
-            per = jnp.einsum("mn,mna->ma", a, onehot) - a.sum(-1)[:, None] * p
-            return jnp.einsum("m,ma->a", w_old, per)
-
-        true = jax.grad(expected_max_of_k)(theta, VALUES, k)
-        return np.linalg.norm(est(adv) - true), np.linalg.norm(est(naive) - true)
-
-    with jax.enable_x64(True):
-        off1, naive1 = errors(0.02)
-        off2, naive2 = errors(0.01)
-    assert 3.0 < off1 / off2 < 5.0, (off1, off2)  # halving eps quarters the error
-    assert 1.5 < naive1 / naive2 < 2.5, (naive1, naive2)  # ignoring ratios: only halves
-    assert off1 < 0.1 * naive1
