@@ -21,7 +21,6 @@ from kjax.objectives.advantages import (
 from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
 from kjax.objectives.metrics import max_at_k, pass_at_k
 from kjax.objectives.mixture import max_at_k_mixture_advantages, maxrl_weights
-from kjax.objectives.mixture import max_at_k_mixture_advantages, maxrl_weights
 from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
 from kjax.objectives.related import bon_aware_weight
 
@@ -34,9 +33,7 @@ __all__ = [
     "max_at_k",
     "max_at_k_advantages",
     "max_at_k_mixture_advantages",
-    "max_at_k_mixture_advantages",
     "max_at_k_offpolicy_advantages",
-    "maxrl_weights",
     "maxrl_weights",
     "mean_advantages",
     "pass_at_k",
