@@ -77,42 +77,41 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     """Final hidden states [B,N,T,D] (before the final norm) of the positions predicting
     tokens [B,N,T]: the last real prompt token, then completion tokens 0..T-2.
 
-    One scan over layers carries prompt rows [B*S] and completion rows [B*N*T] as one
-    [1, B*S + B*N*T, D] row batch, so projections and MLP are shared matmuls.
+    One scan over layers carries each prompt's S rows and its N*T completion rows as one
+    [B, S + N*T, D] batch, so projections and MLP are shared matmuls and B stays the
+    leading (sharded) axis throughout.
     """
     B, N, T = tokens.shape
     S = prompts.shape[1]
     H, E = config.num_heads, config.head_dim
     pmask = prompt_mask.astype(bool)
     p_pos = llama.default_positions(pmask)  # [B,S]
-    c_pos = jnp.repeat(jnp.sum(pmask, axis=-1, dtype=jnp.int32), N)[:, None] + jnp.arange(T)
-    positions = jnp.concatenate([p_pos.reshape(-1), c_pos.reshape(-1)])[None]  # [1,R]
-    cos, sin = llama.rope_tables(config, positions)
-    ids = jnp.concatenate([prompts.reshape(-1), tokens.reshape(-1)])[None].astype(jnp.int32)
-    Rp = B * S
+    c_pos = jnp.sum(pmask, axis=-1, dtype=jnp.int32)[:, None, None] + jnp.arange(T)
+    positions = jnp.concatenate([p_pos, jnp.broadcast_to(c_pos, (B, N, T)).reshape(B, -1)], 1)
+    cos, sin = llama.rope_tables(config, positions)  # [B, S + N*T, E]
+    ids = jnp.concatenate([prompts, tokens.reshape(B, N * T)], axis=1).astype(jnp.int32)
     p_self = jnp.tril(jnp.ones((S, S), bool))[None] & pmask[:, None, :]  # [B,S,S]
     c_prompt = jnp.broadcast_to(pmask[:, None, :], (B, N * T, S))  # N*T queries per prompt
     c_self = jnp.tril(jnp.ones((T, T), bool))[None]  # [1,T,T]
 
     def block(x, layer):
-        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [1,R,.,E]
-        qp, kp, vp = (a[0, :Rp].reshape(B, S, -1, E) for a in (q, k, v))
-        qc, kc, vc = (a[0, Rp:].reshape(B * N, T, -1, E) for a in (q, k, v))
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
+        qp, kp, vp = (a[:, :S] for a in (q, k, v))
+        qc, kc, vc = (a[:, S:].reshape(B * N, T, -1, E) for a in (q, k, v))
         out_p = llama.attention(qp, kp, vp, p_self)
         o1, l1 = llama.attention(qc.reshape(B, N * T, H, E), kp, vp, c_prompt, with_lse=True)
         o2, l2 = llama.attention(qc, kc, vc, c_self, with_lse=True)
         out_c = llama.merge_attention(
             [(o1.reshape(B * N, T, H, E), l1.reshape(B * N, T, H)), (o2, l2)]
         )
-        out = jnp.concatenate([out_p.reshape(Rp, H, E), out_c.reshape(-1, H, E)])[None]
+        out = jnp.concatenate([out_p, out_c.reshape(B, N * T, H, E)], axis=1)
         return llama.layer_out(layer, config, x, out), None
 
     if remat:
         block = jax.checkpoint(block)
     x, _ = jax.lax.scan(block, llama.embed(params, ids, dtype), params["layers"])
-    x = x[0]
     D = x.shape[-1]
-    xp, xc = x[:Rp].reshape(B, S, D), x[Rp:].reshape(B, N, T, D)
+    xp, xc = x[:, :S], x[:, S:].reshape(B, N, T, D)
     last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]
     first = jnp.broadcast_to(last[:, None], (B, N, 1, D))
     return jnp.concatenate([first, xc[:, :, : T - 1]], axis=2)
