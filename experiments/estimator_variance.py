@@ -2,11 +2,13 @@
 
   python -m experiments.estimator_variance --workdir=runs/estimator_variance
 
-CPU, about a minute. Policy x ~ N(theta, 0.1^2), reward g(x) = x^2 on [0, 1] (0 outside).
+CPU, under a minute. Policy x ~ N(theta, 0.1^2), reward g(x) = x^2 on [0, 1] (0 outside).
 For k = 4 and N in {4, 8, 16, 32}, each estimator's d/dtheta estimate
 sum_i A_i d/dtheta log pi(x_i) is drawn `trials` times; the table gives its variance, its
-mean and the exact gradient (quadrature). Writes variance.md, variance.png,
-signal_density.png (Tang et al.'s k p (1-p)^(k-1)) and results.json to --workdir.
+mean and the exact gradient (quadrature). The MAXRL rows are the mixture
+sum_{j<=T} (1/j) max@j (MaxRL's weights, T = k) with a per-j estimator; they target
+sum_{j<=T} J_j' / j instead. Writes variance.md, variance.png, signal_density.png
+(Tang et al.'s k p (1-p)^(k-1)) and results.json to --workdir.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class Config:
     group_sizes: tuple[int, ...] = (4, 8, 16, 32)
     trials: int = 50_000
     seed: int = 0
-    estimators: tuple[E, ...] = (E.S, E.LOO, E.LOO_MINUS_ONE, E.CENTERED)
+    estimators: tuple[E, ...] = (E.S, E.LOO, E.L2O, E.LOO_MINUS_ONE, E.CENTERED)
+    # Per-j estimators of the MaxRL mixture sum_{j<=k} (1/j) max@j (one row each).
+    maxrl_estimators: tuple[E, ...] = (E.LOO_MINUS_ONE, E.L2O)
 
     def validate(self) -> None:
         if not self.sigma > 0:
@@ -85,42 +89,65 @@ def gradient_estimates(key, theta, sigma, *, advantage_fn, n: int, trials: int) 
     return jnp.sum(advantage_fn(reward(x)) * score, axis=-1)
 
 
+def row_specs(config: Config) -> list[tuple[str, object, int]]:
+    """(row name, advantage fn rewards [B, N] -> [B, N], smallest N it accepts) per row."""
+    k = config.k
+    rows = [
+        (e.name, functools.partial(obj.max_at_k_advantages, k=k, estimator=e), e.min_samples(k))
+        for e in config.estimators
+    ]
+    weights = obj.maxrl_weights(k)
+    for e in config.maxrl_estimators:
+        fn = functools.partial(obj.max_at_k_mixture_advantages, weights=weights, estimator=e)
+        rows.append((maxrl_name(k, e), fn, e.min_samples(k)))
+    return rows
+
+
+def maxrl_name(t: int, e: E) -> str:
+    return f"MAXRL_T{t}[{e.name}]"
+
+
 def run(config: Config, workdir: pathlib.Path) -> dict:
     """Runs the toy, writes the table, plots and JSON to `workdir`; returns the results."""
     config.validate()
     workdir.mkdir(parents=True, exist_ok=True)
-    exact = true_gradient(config.theta, config.sigma, config.k)
-    exact_km1 = true_gradient(config.theta, config.sigma, config.k - 1) if config.k > 1 else 0.0
+    grads = {j: true_gradient(config.theta, config.sigma, j) for j in range(1, config.k + 1)}
+    exact = grads[config.k]
+    exact_km1 = grads.get(config.k - 1, 0.0)
+    exact_maxrl = sum(g / j for j, g in grads.items())
     rows = {}
+    specs = row_specs(config)
     keys = jax.random.split(jax.random.key(config.seed), len(config.group_sizes))
     jobs = [
-        (e, n, key)
-        for n, key in zip(config.group_sizes, keys, strict=True)
-        for e in config.estimators
+        (spec, n, key) for n, key in zip(config.group_sizes, keys, strict=True) for spec in specs
     ]
-    for e, n, key in tqdm(jobs, desc="estimators x N", file=sys.stderr):
-        if e is E.LOO and n <= config.k:
-            continue  # LOO needs N > k
-        fn = functools.partial(obj.max_at_k_advantages, k=config.k, estimator=e)
+    for (name, fn, min_n), n, key in tqdm(jobs, desc="estimators x N", file=sys.stderr):
+        if n < min_n:
+            continue  # LOO and L2O need N > k
         est = np.asarray(
             gradient_estimates(
                 key, config.theta, config.sigma, advantage_fn=fn, n=n, trials=config.trials
             ),
             dtype=np.float64,
         )
-        rows[(e.name, n)] = {
+        rows[(name, n)] = {
             "mean": est.mean(),
             "var": est.var(ddof=1),
             "stderr": est.std(ddof=1) / math.sqrt(len(est)),
         }
     results = {
-        "config": {**dataclasses.asdict(config), "estimators": [e.name for e in config.estimators]},
+        "config": {
+            **dataclasses.asdict(config),
+            "estimators": [e.name for e in config.estimators],
+            "maxrl_estimators": [e.name for e in config.maxrl_estimators],
+        },
         "true_gradient": exact,
         "true_gradient_k_minus_1": exact_km1,
+        "true_gradient_maxrl": exact_maxrl,
         "rows": [{"estimator": e, "N": n, **v} for (e, n), v in rows.items()],
     }
     (workdir / "results.json").write_text(json.dumps(results, indent=2))
-    table = markdown_table(config, rows, exact, exact_km1)
+    table = markdown_table(config, rows, exact, exact_km1, exact_maxrl)
     (workdir / "variance.md").write_text(table)
     plot_variance(config, rows, workdir / "variance.png")
     plot_signal_density(workdir / "signal_density.png")
@@ -129,7 +156,9 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
     return results
 
 
-def markdown_table(config: Config, rows: dict, exact: float, exact_km1: float) -> str:
+def markdown_table(
+    config: Config, rows: dict, exact: float, exact_km1: float, exact_maxrl: float
+) -> str:
     ns = config.group_sizes
     head = "| estimator | " + " | ".join(f"N={n}" for n in ns) + " |"
     lines = [
@@ -140,21 +169,26 @@ def markdown_table(config: Config, rows: dict, exact: float, exact_km1: float) -
         head,
         "|" + "---|" * (len(ns) + 1),
     ]
-    for e in config.estimators:
+    for name, _, _ in row_specs(config):
         cells = []
         for n in ns:
-            r = rows.get((e.name, n))
+            r = rows.get((name, n))
             cells.append(
                 "n/a" if r is None else f"{r['var']:.3g} ({r['mean']:.4f} +- {r['stderr']:.4f})"
             )
-        lines.append(f"| {e.name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     k = config.k
     predicted = ", ".join(f"N={n}: {(1 - k / n) * exact + (k / n) * exact_km1:.4f}" for n in ns)
     lines += [
         "",
         f"CENTERED is biased by design: its mean is (1-k/N) J_k' + (k/N) J_(k-1)' ({predicted}).",
-        "",
     ]
+    if config.maxrl_estimators:
+        lines.append(
+            f"MAXRL_T{k} rows estimate sum_(j<={k}) J_j'/j = {exact_maxrl:.5f} (MaxRL's mixture "
+            "weights 1/j), not J_k'."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -165,9 +199,9 @@ def plot_variance(config: Config, rows: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for e in config.estimators:
-        ns = [n for n in config.group_sizes if (e.name, n) in rows]
-        ax.plot(ns, [rows[(e.name, n)]["var"] for n in ns], marker="o", label=e.name)
+    for name, _, _ in row_specs(config):
+        ns = [n for n in config.group_sizes if (name, n) in rows]
+        ax.plot(ns, [rows[(name, n)]["var"] for n in ns], marker="o", label=name)
     ax.set(
         xscale="log",
         yscale="log",
