@@ -40,6 +40,17 @@ def inputs(b: int, n: int, seed: int = 0) -> dict:
     }
 
 
+MIXTURE = "max_at_k_mixture_advantages[maxrl_weights(2k), LOO_MINUS_ONE]"
+
+
+def min_group(name: str, k: int) -> int:
+    """The smallest N a case accepts (LOO and L2O need N > k; the mixture N >= 2k)."""
+    if name == MIXTURE:
+        return 2 * k
+    needs = {f"max_at_k_advantages[{e.name}]": e.min_samples(k) for e in E}
+    return needs.get(name, k)
+
+
 def cases(k: int) -> dict:
     """name -> (fast fn of inputs dict, oracle fn of numpy inputs dict)."""
     out = {
@@ -67,6 +78,12 @@ def cases(k: int) -> dict:
             lambda x, e=e, key=key: obj.max_at_k_advantages(x[key], k, e),
             lambda x, e=e, key=key: ref.max_at_k_advantages_ref(x[key], k, e),
         )
+    out[MIXTURE] = (  # MaxRL with T = 2k: 16 at the default k = 8
+        lambda x: obj.max_at_k_mixture_advantages(x["rewards"], obj.maxrl_weights(2 * k)),
+        lambda x: ref.max_at_k_mixture_advantages_ref(
+            x["rewards"], obj.maxrl_weights(2 * k), E.LOO_MINUS_ONE
+        ),
+    )
     for centered in (False, True):
         out[f"majority_at_k_advantages[centered={centered}]"] = (
             lambda x, c=centered: obj.majority_at_k_advantages(x["answers"], x["target"], k, c),
@@ -114,7 +131,7 @@ def main(argv) -> None:
     rows = []
     big_cases, small_cases = cases(f.k), cases(small_k)
     for name, (fast, _) in big_cases.items():
-        if "LOO]" in name and f.group <= f.k:
+        if f.group < min_group(name, f.k):
             continue
         small_fast, oracle = small_cases[name]
         t_big = time_jitted(fast, big, f.repeats)
