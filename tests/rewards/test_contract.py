@@ -1,11 +1,9 @@
 """Verifier output feeds kjax.objectives.majority_at_k directly (answer ids + target)."""
 
 import numpy as np
-import pytest
 
+from kjax.objectives import majority
 from kjax.rewards import arith
-
-majority = pytest.importorskip("kjax.objectives.majority")
 
 
 def test_arith_verdicts_drive_majority_voting():
