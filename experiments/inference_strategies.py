@@ -86,7 +86,15 @@ def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
         seed=ident["seed"],
     )
     mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    model_config, params, tokenizer = build_model(cfg, mesh)
+    built = {}
+
+    def init():
+        built["config"], params, built["tokenizer"] = build_model(cfg, mesh)
+        return params
+
+    # Restoring needs only the architecture: trace the initialization, never run it.
+    params = jax.eval_shape(init) if restore else init()
+    model_config, tokenizer = built["config"], built["tokenizer"]
     if restore:
         ckpt = checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig())
         with ckpt:
@@ -226,10 +234,13 @@ def accuracy_vs_n(d: Draw, *, subsets: int, key) -> dict[str, dict[int, float]]:
         "self-certainty": d.certainty,
     }
     target = jnp.zeros(len(d.scores), jnp.int32)  # kjax verdicts: the reference is class 0
+    stacked = np.concatenate(list(by_score.values()))  # one call (one compile) per n
+    B = len(d.scores)
     out = {name: {} for name in SELECTORS}
     for n in evaluation.k_values(d.scores.shape[1]):
-        for name, s in by_score.items():
-            out[name][n] = float(jnp.mean(inference.best_of_n_accuracy(s, correct, n)))
+        acc = inference.best_of_n_accuracy(stacked, jnp.tile(correct, (len(by_score), 1)), n)
+        for i, name in enumerate(by_score):
+            out[name][n] = float(jnp.mean(acc[i * B : (i + 1) * B]))
         out["majority vote"][n] = float(jnp.mean(objectives.majority_at_k(answers, target, n)))
         borda = inference.subset_accuracy(
             inference.select_by_borda,
