@@ -203,7 +203,10 @@ def majority_at_k_advantages(answers, target, k: int, centered: bool = False) ->
     E[sum_i A_i grad log pi(y_i)] = grad maj@k exactly. For N == k this is Tang et al.'s
     f(all) - f(all but i), non-zero only for pivotal votes. Abstaining samples get 0.
     centered=True subtracts the per-group mean (Tang et al.'s biased variant; expectation
-    grad J_{k-1} for N == k, (1 - k/N) grad J_k + (k/N) grad J_{k-1} for N > k).
+    grad J_{k-1} for N == k, (1 - k/N) grad J_k + (k/N) grad J_{k-1} for N > k). This
+    holds at k = 1 too, with J_0 = 0: an empty vote scores 0, so A_i = f(y_i) / N and
+    centring gives Dr.GRPO / N. max@k's CENTERED differs only there: max over an empty
+    set has no value, its k = 1 advantage is RLOO / N (already centred, unbiased).
 
     A_i depends only on the class y of sample i (c_y votes). With mu_K the mean of f over
     K-subsets as a function of per-class multipliers lam (lam_y^x on x votes of class y),
