@@ -1,0 +1,190 @@
+"""The 2026 estimators at equal budgets: L2O (Takashiro et al.) and MaxRL (Tajwar, Zeng et al.).
+
+  python -m experiments.estimators_2026_table --workdir=DIR [--seeds=5] [--smoke]
+
+Budget (tiny_arith, CPU): per seed the shared SFT warm start (1500 steps of 64), then 100
+RL steps of 16 prompts x 16 samples (PG, AdamW 1e-3) for: the mean objective (RLOO), and
+pass@k (k = 8) with PKPO's S, LOO and LOO-minus-one, Tang et al.'s centred (biased)
+variant, MaxPO's L2O, and the MaxRL mixture sum_{k<=16} (1/k) pass@k (LOO-minus-one per k).
+Evaluation: all 200 held-out problems, 16 samples each, unbiased pass@1/8/16.
+
+Gradient variance: at each seed's warm start (the same policy for every estimator), 16
+independent batches of 16 prompts x 16 samples are drawn once, and every arm's advantages
+on those same samples give a policy-gradient estimate g_r = (1/B) sum_{b,i} A_bi grad log
+pi(y_bi) (the trainer's token-sum surrogate); the column is the trace of its covariance over
+the batches, (1/(R-1)) sum_r |g_r - mean g|^2. S, LOO, LOO-1 and L2O estimate the same
+gradient (of pass@8), so their variances compare directly. 7 arms x 5 seeds; about 30
+minutes on 2 CPU cores under load (README Results has the measured time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from experiments import harness
+from experiments.configs import tiny_arith
+from experiments.harness import Arm, Claim, ClaimKind
+
+STEPS, B, N, K, BATCHES = 100, 16, 16, 8, 16
+
+
+def base(seed: int, smoke: bool):
+    cfg = tiny_arith.BASE
+    return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
+
+
+def objective(kind: str, estimator: str | None = None):
+    """make(cfg): cfg with the objective; k = 8 (4 in smoke runs, which sample 8)."""
+
+    def make(cfg):
+        Objective, ObjectiveConfig, E = map(
+            harness.config_type, ("Objective", "ObjectiveConfig", "MaxAtKEstimator")
+        )
+        k = K if cfg.samples > K else cfg.samples // 2
+        if kind == "mean":
+            obj = ObjectiveConfig(Objective.MEAN)
+        elif kind == "maxrl":
+            obj = ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, maxrl_t=cfg.samples)
+        else:
+            obj = ObjectiveConfig(Objective.MAX_AT_K, k=k, max_at_k_estimator=getattr(E, estimator))
+        return dataclasses.replace(cfg, objective=obj)
+
+    return make
+
+
+def gradient_variance(table, seed: int, ctx) -> dict[str, dict[str, float]]:
+    """{arm: {"gradvar", "gradnorm2"}} at the seed's warm start, all arms on the same
+    BATCHES rollout batches (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kjax.data import loader
+    from kjax.rl.forward import completion_logprobs
+    from kjax.rl.objective import compute_advantages
+
+    cfg = harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
+    handle, params = harness.open_run(cfg, ctx.workdir / "runs" / "_gradvar" / f"seed{seed}")
+    mcfg, task, batches = handle.model_config, handle.task, 2 if ctx.smoke else BATCHES
+    arms = {a.name: a.make(cfg).objective for a in table.arms}
+
+    def loss(p, prompts, pmask, tokens, mask, adv):
+        logp = completion_logprobs(p, mcfg, prompts, pmask, tokens).logprobs
+        return -jnp.sum(adv[..., None] * logp * mask) / tokens.shape[0]
+
+    grad = jax.jit(jax.grad(loss))
+    order = np.random.default_rng(seed).permutation(len(task.train))
+    grads: dict[str, list[np.ndarray]] = {name: [] for name in arms}
+    for r in range(batches):
+        examples = [loader.decode(task.train[int(i)]) for i in order[r * B : (r + 1) * B]]
+        key = jax.random.fold_in(jax.random.key(seed), 1_000_003 + r)
+        prompts, pmask, tokens, mask, v = harness.sample_verified(
+            handle, params, examples, key, cfg.samples, cfg.temperature
+        )
+        for name, obj in arms.items():
+            adv = compute_advantages(
+                obj, obj.k, jnp.asarray(v.scores), jnp.asarray(v.answer_ids), jnp.asarray(v.target)
+            )
+            g = grad(params, prompts, pmask, tokens, mask.astype(jnp.float32), adv)
+            grads[name].append(np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]))
+    getattr(handle, "close", lambda: None)()
+    out = {}
+    for name, gs in grads.items():
+        g = np.stack(gs).astype(np.float64)
+        mean = g.mean(axis=0)
+        var = float(np.sum((g - mean) ** 2) / max(1, len(g) - 1))
+        out[name] = {"gradvar": var, "gradnorm2": float(mean @ mean)}
+    return out
+
+
+L2O, LOO1 = "pass@8 L2O", "pass@8 LOO-1"
+TABLE = harness.Table(
+    name="estimators_2026_table",
+    title="k-sample estimators at equal budgets: L2O and MaxRL (tiny_arith)",
+    arms=(
+        Arm("mean (RLOO)", objective("mean")),
+        Arm("pass@8 S", objective("max", "S")),
+        Arm("pass@8 LOO", objective("max", "LOO")),
+        Arm(LOO1, objective("max", "LOO_MINUS_ONE")),
+        Arm("pass@8 centred (biased)", objective("max", "CENTERED")),
+        Arm(L2O, objective("max", "L2O")),
+        Arm("MaxRL (T=16)", objective("maxrl")),
+    ),
+    claims=(
+        Claim(
+            "6a",
+            "L2O has lower gradient variance than LOO-1 (Takashiro et al. 2026)",
+            "gradvar",
+            L2O,
+            LOO1,
+            ClaimKind.LESS,
+        ),
+        Claim(
+            "6b",
+            "L2O has lower gradient variance than LOO",
+            "gradvar",
+            L2O,
+            "pass@8 LOO",
+            ClaimKind.LESS,
+        ),
+        Claim(
+            "6c",
+            "L2O has lower gradient variance than S",
+            "gradvar",
+            L2O,
+            "pass@8 S",
+            ClaimKind.LESS,
+        ),
+        Claim(
+            "6d",
+            "L2O is at least as good on pass@8 (margin 0.02)",
+            "pass@8",
+            L2O,
+            LOO1,
+            ClaimKind.NONINFERIOR,
+            margin=0.02,
+        ),
+        Claim(
+            "6e",
+            "L2O is at least as good on pass@16 (margin 0.02)",
+            "pass@16",
+            L2O,
+            LOO1,
+            ClaimKind.NONINFERIOR,
+            margin=0.02,
+        ),
+        Claim(
+            "6f",
+            "MaxRL matches the mean objective's pass@1 (within 0.02; Tajwar, Zeng et al. 2026)",
+            "pass@1",
+            "MaxRL (T=16)",
+            "mean (RLOO)",
+            ClaimKind.EQUIVALENT,
+            margin=0.02,
+        ),
+        Claim(
+            "6g",
+            "MaxRL raises pass@16 over the mean objective",
+            "pass@16",
+            "MaxRL (T=16)",
+            "mean (RLOO)",
+        ),
+    ),
+    columns=(
+        ("pass@1", "pass@1"),
+        ("pass@8", "pass@8"),
+        ("pass@16", "pass@16"),
+        ("grad variance at warm start", "gradvar"),
+    ),
+    base=base,
+    budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from a 1500-step SFT warm "
+    f"start; eval 200 problems x 16 samples; gradient variance over {BATCHES} batches of "
+    f"{B} x {N} at the warm start",
+    per_seed=gradient_variance,
+)
+
+
+if __name__ == "__main__":
+    sys.exit(harness.main(TABLE))
