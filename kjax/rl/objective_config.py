@@ -93,10 +93,10 @@ def _mixture_weights(value) -> tuple[tuple[int, float], ...]:
         ) from None
     for k, w in pairs:
         check_int(k, "ObjectiveConfig.mixture_weights k", 1)
-        if not (is_real(w) and math.isfinite(w)):
+        if not (is_real(w) and math.isfinite(w) and w >= 0):
             raise ValueError(
                 f"`ObjectiveConfig.mixture_weights`: weight of k={k} must be a "
-                f"finite float; got {w!r}."
+                f"finite float >= 0; got {w!r}."
             )
     if len({k for k, _ in pairs}) != len(pairs):
         raise ValueError(f"`ObjectiveConfig.mixture_weights` repeats a k; got {value!r}.")
@@ -147,6 +147,12 @@ class ObjectiveConfig:
                 "`ObjectiveConfig.mixture_weights` / `maxrl_t`: MAX_AT_K_MIXTURE needs exactly "
                 f"one of them; got mixture_weights={self.mixture_weights}, "
                 f"maxrl_t={self.maxrl_t}."
+            )
+        if mixture and self.max_at_k_estimator is MaxAtKEstimator.CHEN_ANALYTIC:
+            raise ValueError(
+                "`ObjectiveConfig.max_at_k_estimator`=CHEN_ANALYTIC is normalised per k by its "
+                "own sigma, so a weighted sum of it has no objective; pick another estimator "
+                "for MAX_AT_K_MIXTURE."
             )
         if not mixture and (self.mixture_weights or self.maxrl_t):
             raise ValueError(

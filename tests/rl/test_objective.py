@@ -5,6 +5,7 @@ advantages give E[sum_i A_i grad log pi(y_i)] = grad J_k exactly, with no 1/N le
 """
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -70,11 +71,13 @@ CASES += [
     for k, e in [(1, E.LOO_MINUS_ONE), (2, E.S), (3, E.LOO), (4, E.LOO_MINUS_ONE)]
 ]
 CASES += [(ObjectiveConfig(Objective.MAJORITY_AT_K, k=k), k) for k in (3,)]
+MIXTURE = ((1, 0.5), (3, 2.0))
+CASES += [(ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, mixture_weights=MIXTURE), None)]
 
 
 def case_id(case):
     cfg, k = case
-    return f"{cfg.objective.name}-{cfg.max_at_k_estimator.name}-k{k}"
+    return f"{cfg.objective.name}-{cfg.max_at_k_estimator.name}-k{k or ''}"
 
 
 @pytest.mark.parametrize(("cfg", "k"), CASES, ids=[case_id(c) for c in CASES])
@@ -83,6 +86,8 @@ def test_every_objective_is_in_the_sum_convention(cfg, k):
         got = router_gradient(cfg, k)
         if cfg.objective is Objective.MAJORITY_AT_K:
             objective = lambda t: majority_objective(t, k)
+        elif cfg.objective is Objective.MAX_AT_K_MIXTURE:
+            objective = lambda t: sum(w * expected_max_of_k(t, CORRECT, j) for j, w in MIXTURE)
         else:  # MEAN is J_1 = E[r]
             objective = lambda t: expected_max_of_k(t, CORRECT, k)
         want = jax.jit(jax.grad(objective))(jnp.asarray(THETA))
@@ -116,36 +121,44 @@ def test_centered_majority_at_1_is_dr_grpo():
     np.testing.assert_allclose(centered, compute_advantages(dr_grpo, 1, correct), atol=1e-7)
 
 
-def test_log_ratio_switches_max_at_k_to_offpolicy_weights():
-    r = scores(2)
-    log_ratio = jnp.asarray(np.random.default_rng(3).normal(scale=0.1, size=r.shape), jnp.float32)
-    cfg = ObjectiveConfig(Objective.MAX_AT_K, k=3, offpolicy_clamp=0.15)
-    off = compute_advantages(cfg, 3, r, log_ratio=log_ratio)
-    want = objectives.max_at_k_offpolicy_advantages(r, log_ratio, 3, clamp=0.15)
-    np.testing.assert_allclose(off, want, rtol=1e-6)
-    on = compute_advantages(cfg, 3, r)
-    np.testing.assert_allclose(on, objectives.max_at_k_advantages(r, 3, E.LOO_MINUS_ONE))
-    assert not np.allclose(off, on)
-    # MEAN ignores it: PPO's ratio already corrects the mean objective.
-    mean = ObjectiveConfig(Objective.MEAN)
-    np.testing.assert_array_equal(
-        compute_advantages(mean, 1, r, log_ratio=log_ratio), compute_advantages(mean, 1, r)
+def test_chen_analytic_enters_the_sum_convention_like_mean():
+    """Chen et al.'s advantage is per-sample normalised: at k = 1 on binary rewards it is
+    GRPO's z-score, so after routing it must equal MEAN with GROUP_ZSCORE (both / N)."""
+    rng = np.random.default_rng(7)
+    correct = jnp.asarray(rng.integers(0, 2, (6, 5)), jnp.float32)
+    chen = ObjectiveConfig(Objective.MAX_AT_K, k=1, max_at_k_estimator=E.CHEN_ANALYTIC)
+    grpo = ObjectiveConfig(Objective.MEAN, mean_baseline=MeanBaseline.GROUP_ZSCORE)
+    np.testing.assert_allclose(
+        compute_advantages(chen, 1, correct), compute_advantages(grpo, 1, correct), atol=1e-5
     )
+    raw = objectives.max_at_k_advantages(correct, 3, E.CHEN_ANALYTIC)
+    np.testing.assert_allclose(compute_advantages(chen, 3, correct), raw / 5, rtol=1e-6)
+
+
+def test_mixture_is_the_weighted_sum_of_its_ks():
+    r = scores(4, n=6)
+    weights = ((1, 0.5), (3, 2.0))
+    cfg = ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, mixture_weights=weights)
+    want = sum(
+        w * compute_advantages(ObjectiveConfig(Objective.MAX_AT_K, k=k), k, r) for k, w in weights
+    )
+    np.testing.assert_allclose(route(cfg, None, r), want, rtol=1e-5, atol=1e-6)
+    maxrl = ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, maxrl_t=3)
+    want = sum(
+        compute_advantages(ObjectiveConfig(Objective.MAX_AT_K, k=k), k, r) / k for k in (1, 2, 3)
+    )
+    np.testing.assert_allclose(route(maxrl, None, r), want, rtol=1e-5, atol=1e-6)
 
 
 def test_router_under_jit_matches_eager():
     r = scores(5, b=3)
-    log_ratio = 0.1 * scores(6, b=3)
-    for cfg, k, lr in [
-        (ObjectiveConfig(Objective.MAX_AT_K, k=4), 4, None),
-        (ObjectiveConfig(Objective.MAX_AT_K, k=4), 2, log_ratio),
-        (ObjectiveConfig(Objective.MEAN, mean_baseline=MeanBaseline.GROUP_ZSCORE), None, None),
+    for cfg, k in [
+        (ObjectiveConfig(Objective.MAX_AT_K, k=4), 4),
+        (ObjectiveConfig(Objective.MAX_AT_K, k=4), 2),
+        (ObjectiveConfig(Objective.MEAN, mean_baseline=MeanBaseline.GROUP_ZSCORE), None),
     ]:
         np.testing.assert_allclose(
-            route(cfg, k, r, log_ratio=lr),
-            compute_advantages(cfg, k, r, log_ratio=lr),
-            rtol=1e-6,
-            atol=1e-7,
+            route(cfg, k, r), compute_advantages(cfg, k, r), rtol=1e-6, atol=1e-7
         )
 
 
@@ -161,7 +174,20 @@ def test_config_coerces_strings_and_names_bad_fields():
         (dict(objective=Objective.MAX_AT_K, k=2.0), "ObjectiveConfig.k"),
         (dict(k=4), "ObjectiveConfig.k"),  # MEAN is k = 1
         (dict(majority_centered=1), "majority_centered"),
-        (dict(offpolicy_clamp=0.0), "offpolicy_clamp"),
+        (dict(objective=Objective.MAX_AT_K_MIXTURE), "mixture_weights"),  # neither set
+        (
+            dict(objective=Objective.MAX_AT_K_MIXTURE, mixture_weights=((2, 1.0),), maxrl_t=4),
+            "mixture_weights",
+        ),  # both set
+        (dict(objective=Objective.MAX_AT_K_MIXTURE, mixture_weights=((2, -1.0),)), ">= 0"),
+        (
+            dict(
+                objective=Objective.MAX_AT_K_MIXTURE, maxrl_t=2, max_at_k_estimator=E.CHEN_ANALYTIC
+            ),
+            "CHEN_ANALYTIC",
+        ),
+        (dict(objective=Objective.MAX_AT_K, maxrl_t=2), "only read by"),
+        (dict(objective=Objective.MAX_AT_K_MIXTURE, maxrl_t=2, k=2), "ObjectiveConfig.k"),
     ]
     for kwargs, field in bad:
         with pytest.raises(ValueError, match=field):
@@ -181,6 +207,17 @@ def test_check_samples_catches_k_above_n():
     anneal = KSchedule(KScheduleKind.STEP, k_start=16, k_end=1, steps=100)
     with pytest.raises(ValueError, match="KSchedule"):
         ObjectiveConfig(Objective.MAX_AT_K, k=1).check_samples(8, anneal)
+    maxrl = ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, maxrl_t=8)
+    maxrl.check_samples(8)
+    with pytest.raises(ValueError, match=r"mixture_weights/maxrl_t.*k=8 > N=4"):
+        maxrl.check_samples(4)
+    with pytest.raises(ValueError, match="LOO needs N >= 9"):
+        dataclasses.replace(maxrl, max_at_k_estimator=E.LOO).check_samples(8)
+    with pytest.raises(ValueError, match="k_schedule"):
+        maxrl.check_samples(8, anneal)
+    if hasattr(E, "L2O"):  # N > k, like LOO
+        with pytest.raises(ValueError, match="L2O needs N >= 5"):
+            ObjectiveConfig(Objective.MAX_AT_K, k=4, max_at_k_estimator=E.L2O).check_samples(4)
 
 
 def test_compute_advantages_input_errors():
