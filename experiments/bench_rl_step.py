@@ -9,6 +9,13 @@ T = 32, the arithmetic verifier on whatever it writes (throughput does not depen
 weights). FLOPs of the update come from XLA's cost analysis of the compiled step; MFU
 divides by --peak_tflops (default: a table of known accelerators, else this machine's
 measured float32 matmul rate). A benchmark, not a test: on a shared CPU figures are noisy.
+
+--paths (default tiny_arith,smollm2; empty to skip) also times the update's loss+grad
+alone, a PG loss on kjax.rl.forward.completion_logprobs, for the reference path (prompt
+repeated N times, logits at every position: shared_prompt=False) and the new one (prompt
+once, completion-only chunked log-probs), interleaved in one run, with each compiled
+computation's peak temporary memory (XLA memory_analysis). smollm2 here: the SmolLM2-135M
+shape (V=49152, 30 layers), B=2 prompts of S=128 tokens, N=8, T=64.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments import update_paths
 from experiments.configs import tiny_arith
 from kjax.data.loader import Position
 from kjax.rl import loop
@@ -34,6 +42,9 @@ flags.DEFINE_list("shapes", ["tiny_arith"], "tiny_arith and/or smollm2.")
 flags.DEFINE_integer("steps", 5, "Timed RL steps per shape (after 2 warm-up steps).")
 flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s for MFU (0: known table / measured).")
 flags.DEFINE_string("out", "", "Also write the results as JSON here.")
+flags.DEFINE_list("paths", ["tiny_arith", "smollm2"], "Update-path comparison shapes.")
+flags.DEFINE_integer("path_repeats", 3, "Timed loss+grad calls per path (best of).")
+flags.DEFINE_enum("path_dtype", "float32", ["float32", "bfloat16"], "--paths compute dtype.")
 FLAGS = flags.FLAGS
 
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5p": 459.0, "TPU v4": 275.0}
@@ -142,6 +153,10 @@ def _update_flops(c, state, cfg) -> float:
 
 def main(argv):
     del argv
+    dtype, peak = jnp.dtype(FLAGS.path_dtype), peak_tflops()[0] if FLAGS.paths else 0.0
+    paths = [update_paths.compare(s, FLAGS.path_repeats, dtype, peak) for s in FLAGS.paths]
+    if paths:
+        print(update_paths.table(paths) + "\n")
     results = [bench(shape) for shape in FLAGS.shapes]
     print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | update s | "
           "update tokens/s | MFU |")  # fmt: skip
@@ -155,7 +170,7 @@ def main(argv):
     print(f"\npeak: {results[0]['peak_tflops_per_s']:.2f} TFLOP/s ({results[0]['peak_source']})")
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({"steps": results, "update_paths": paths}, f, indent=2)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Benchmark: kjax's grouped sampler vs transformers' `generate` at the SmolLM2-135M shape.
 
   python -m experiments.bench_sampler [--shapes=8x8,64x1 --prompt_len=64 --new_tokens=64]
+      [--model=smollm2|llama3_1b --dtype=float32|bfloat16 --out=F.json]
 
 Random weights of the real shape (throughput does not depend on their values; no stop ids,
 so every sample runs all T tokens). Prints Markdown tables: new tokens/s of both at the same
@@ -24,13 +25,18 @@ from absl import app, flags
 from flax import nnx
 
 from kjax import sampling
-from kjax.models import Llama, LlamaConfig, save_hf
+from kjax.models import Llama, Llama3RopeScaling, LlamaConfig, save_hf
 
 flags.DEFINE_list("shapes", ["8x8", "64x1"], "B x N pairs to time.")
 flags.DEFINE_integer("prompt_len", 64, "S: prompt tokens.")
 flags.DEFINE_integer("new_tokens", 64, "T: new tokens per sample.")
 flags.DEFINE_integer("repeats", 3, "Timed calls per figure (the best is reported).")
 flags.DEFINE_bool("transformers", True, "Also time transformers' PyTorch generate.")
+flags.DEFINE_enum("model", "smollm2", ["smollm2", "llama3_1b"], "Model shape (random weights).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "kjax param and compute dtype.")
+flags.DEFINE_float("bandwidth_gbs", 0.0, "Memory bandwidth for the roofline (0: measured; "
+                   "known accelerators use their HBM figure).")  # fmt: skip
+flags.DEFINE_string("out", "", "Also write the kjax figures as JSON here.")
 FLAGS = flags.FLAGS
 
 SMOLLM2_135M = LlamaConfig(
@@ -38,6 +44,13 @@ SMOLLM2_135M = LlamaConfig(
     num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_embeddings=True,
     bos_id=1, eos_ids=(2,), max_position_embeddings=8192,
 )  # fmt: skip
+LLAMA3_1B = LlamaConfig(  # Llama-3.2-1B's shape
+    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+    num_kv_heads=8, head_dim=64, rope_theta=500000.0,
+    rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192), rms_norm_eps=1e-5,
+    tie_embeddings=True, bos_id=128000, eos_ids=(128001,), max_position_embeddings=131072,
+)  # fmt: skip
+_HBM_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # datasheet HBM bandwidth
 
 
 def best_time(fn, repeats: int) -> float:
@@ -103,10 +116,16 @@ def hf_timings(weights_dir: str, jobs: list[tuple[int, int, int, int]], repeats:
 
 def main(_):
     S, T, repeats = FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats
-    c = SMOLLM2_135M
+    c = SMOLLM2_135M if FLAGS.model == "smollm2" else LLAMA3_1B
+    dtype = jnp.dtype(FLAGS.dtype)
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in FLAGS.shapes]
     peak, bandwidth = machine_roofline(repeats)
-    model = Llama(c, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")))
+    kind = jax.devices()[0].device_kind
+    known = [gbs for name, gbs in _HBM_GBS.items() if name.lower() in kind.lower()]
+    if FLAGS.bandwidth_gbs or known:
+        bandwidth = 1e9 * (FLAGS.bandwidth_gbs or known[0])
+    model = Llama(c, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")),
+                  param_dtype=dtype, dtype=dtype)  # fmt: skip
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params()))
     rng = np.random.default_rng(0)
 
@@ -130,7 +149,7 @@ def main(_):
 
     jobs = [(B, N, S, T) for B, N in shapes] + [(8, 1, S, 1), (8, 16, S, 1)]
     theirs = [float("nan")] * len(jobs)
-    if FLAGS.transformers:
+    if FLAGS.transformers and dtype == jnp.float32:
         with tempfile.TemporaryDirectory() as weights_dir:
             save_hf(model, weights_dir)
             ctx = multiprocessing.get_context("spawn")  # a fresh process without XLA threads
@@ -141,24 +160,37 @@ def main(_):
         f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s, memory "
         f"bandwidth {bandwidth / 1e9:.1f} GB/s (measured now; noisy on a shared CPU)\n"
     )
-    print(f"SmolLM2-135M shape, random weights, S = {S}, T = {T}, temperature 1, no stop ids")
+    print(f"{FLAGS.model} shape, {FLAGS.dtype}, random weights, S = {S}, T = {T}, "
+          "temperature 1, no stop ids")  # fmt: skip
+    rows = []
     print("| B x N | kjax tok/s | transformers tok/s | speedup | kjax compile s | "
           "% matmul peak | % bandwidth | KV bytes kjax | KV bytes, cache per sample |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for (B, N), hf_s in zip(shapes, theirs, strict=False):
         tok_s, hf_tok_s = B * N * T / ours[B, N], B * N * T / hf_s
         flop_frac = tok_s * flops_per_token(c, S + T // 2) / peak
-        kv = kv_bytes(c, B, N, S, T)
+        kv = kv_bytes(c, B, N, S, T, dtype.itemsize)
         # A decode step reads every weight once plus, on average, half the final K/V.
         bw_frac = (tok_s / (B * N)) * (param_bytes + kv["kjax"] / 2) / bandwidth
         print(f"| {B} x {N} | {tok_s:.0f} | {hf_tok_s:.0f} | {tok_s / hf_tok_s:.1f}x | "
               f"{compile_s[B, N]:.0f} | {100 * flop_frac:.0f}% | {100 * bw_frac:.0f}% | "
               f"{kv['kjax'] / 2**20:.1f} MiB | {kv['per_sample'] / 2**20:.1f} MiB |")  # fmt: skip
+        rows.append({"B": B, "N": N, "S": S, "T": T, "kjax_tok_s": tok_s,
+                     "transformers_tok_s": hf_tok_s, "compile_s": compile_s[B, N],
+                     "matmul_peak_fraction": flop_frac, "bandwidth_fraction": bw_frac})  # fmt: skip
     print(f"\nPrefill: the whole call at T = 1 (prefill + first draw), B = 8, S = {S}")
     print("| N | kjax s | transformers s |")
     print("|---|---|---|")
     for N, hf_s in zip((1, 16), theirs[-2:], strict=True):
         print(f"| {N} | {prefill[N]:.3f} | {hf_s:.3f} |")
+    if FLAGS.out:
+        import json
+
+        with open(FLAGS.out, "w") as f:
+            json.dump({"model": FLAGS.model, "dtype": FLAGS.dtype, "device": kind,
+                       "bandwidth_gbs": bandwidth / 1e9, "peak_gflops_measured": peak / 1e9,
+                       "rows": rows, "prefill_s": {str(n): t for n, t in prefill.items()}},
+                      f, indent=2, default=float)  # fmt: skip
 
 
 if __name__ == "__main__":
