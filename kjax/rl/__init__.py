@@ -2,53 +2,42 @@
 
 Pure functions of explicit [B, N, T] arrays (B prompts, N samples, T completion tokens).
 Advantages are in the sum convention throughout (see kjax.rl.objective). Configuration
-types: kjax.rl.config (a leaf module).
+types live in kjax.rl.config, a leaf module; so that importing it pulls in nothing else,
+the names below load their module on first use.
 """
 
-from kjax.rl.losses import (
-    KLEstimator,
-    LossAggregation,
-    aggregate_tokens,
-    cross_entropy_loss,
-    dco_loss,
-    entropy_loss,
-    kl_penalty_loss,
-    policy_gradient_loss,
-    ppo_clip_loss,
-    sequence_logprob,
-    token_entropy,
-    token_logprobs,
-    truncated_importance_weights,
-)
-from kjax.rl.objective import (
-    KSchedule,
-    KScheduleKind,
-    Objective,
-    ObjectiveConfig,
-    compute_advantages,
-)
-from kjax.rl.optim import OptimizerConfig, make_optimizer, make_schedule
+import importlib
 
-__all__ = [
-    "KLEstimator",
-    "KSchedule",
-    "KScheduleKind",
-    "LossAggregation",
-    "Objective",
-    "ObjectiveConfig",
-    "OptimizerConfig",
-    "aggregate_tokens",
-    "compute_advantages",
-    "cross_entropy_loss",
-    "dco_loss",
-    "entropy_loss",
-    "kl_penalty_loss",
-    "make_optimizer",
-    "make_schedule",
-    "policy_gradient_loss",
-    "ppo_clip_loss",
-    "sequence_logprob",
-    "token_entropy",
-    "token_logprobs",
-    "truncated_importance_weights",
-]
+_EXPORTS = {
+    "kjax.rl.losses": (
+        "KLEstimator",
+        "LossAggregation",
+        "aggregate_tokens",
+        "cross_entropy_loss",
+        "dco_loss",
+        "entropy_loss",
+        "kl_penalty_loss",
+        "policy_gradient_loss",
+        "ppo_clip_loss",
+        "sequence_logprob",
+        "token_entropy",
+        "token_logprobs",
+        "truncated_importance_weights",
+    ),
+    "kjax.rl.objective": (
+        "KSchedule",
+        "KScheduleKind",
+        "Objective",
+        "ObjectiveConfig",
+        "compute_advantages",
+    ),
+    "kjax.rl.optim": ("OptimizerConfig", "make_optimizer", "make_schedule"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'kjax.rl' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

@@ -10,14 +10,17 @@ import pytest
 from kjax import checkpoint, evaluation
 from kjax.objectives import reference, reference_majority
 from kjax.rewards.verdict import Verdicts
+from kjax.rl import loop
+from kjax.rl.config import StepConfig
 from kjax.rl.loop import fill_batch, train_and_evaluate
-from kjax.rl.train_step import StepConfig
 from tests.rl.tiny_run import TINY
 
 
 def _candidates(adv_rows):
-    return [{"advantages": np.asarray(a, np.float32), "id": np.arange(len(a)) + 10 * j}
-            for j, a in enumerate(adv_rows)]  # fmt: skip
+    return [
+        {"advantages": np.asarray(a, np.float32), "id": np.arange(len(a)) + 10 * j}
+        for j, a in enumerate(adv_rows)
+    ]
 
 
 def test_fill_batch_drops_uninformative_groups_and_refills_in_order():
@@ -38,19 +41,39 @@ def test_group_metrics_match_the_enumeration_oracles():
     got = evaluation.group_metrics(Verdicts(scores, answers, target))
     assert evaluation.k_values(8) == [1, 2, 4, 8] and evaluation.k_values(6) == [1, 2, 4, 6]
     for k in (1, 2, 4, 8):
-        np.testing.assert_allclose(got[f"pass@{k}"], reference.pass_at_k_ref(scores > 0, k).mean(),
-                                   rtol=1e-5)  # fmt: skip
-        np.testing.assert_allclose(got[f"max@{k}"], reference.max_at_k_ref(scores, k).mean(),
-                                   rtol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            got[f"pass@{k}"], reference.pass_at_k_ref(scores > 0, k).mean(), rtol=1e-5
+        )
+        np.testing.assert_allclose(
+            got[f"max@{k}"], reference.max_at_k_ref(scores, k).mean(), rtol=1e-5
+        )
         maj = reference_majority.majority_at_k_ref(answers, target, k).mean()
         np.testing.assert_allclose(got[f"maj@{k}"], maj, rtol=1e-5, atol=1e-6)
 
 
-def test_nan_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path):
-    # One microbatch so B=8 splits over the 8 test devices.
-    cfg = dataclasses.replace(TINY, steps=6, rl=StepConfig())
+def _nan_at(step_fn, bad_step: int):
+    """step_fn whose batch has NaN advantages when called at state.step == bad_step."""
+
+    def step(state, batch, ref_params, k):
+        if int(state.step) == bad_step:
+            batch = batch._replace(advantages=batch.advantages * np.nan)
+        return step_fn(state, batch, ref_params, k)
+
+    return step
+
+
+def test_nan_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    # The fault is injected by wrapping the built step function; no hook in the loop's API.
+    build = loop.build_components
+
+    def faulty(*args, **kwargs):
+        components, state = build(*args, **kwargs)
+        return dataclasses.replace(components, step_fn=_nan_at(components.step_fn, 4)), state
+
+    monkeypatch.setattr(loop, "build_components", faulty)
+    cfg = dataclasses.replace(TINY, steps=6, rl=StepConfig())  # B=8 over the 8 test devices
     with pytest.raises(FloatingPointError, match="not finite at RL step 4.*step 3"):
-        train_and_evaluate(cfg, tmp_path, progress=False, inject_nan_at_step=4)
+        train_and_evaluate(cfg, tmp_path, progress=False)
     with checkpoint.Checkpointer(tmp_path / "checkpoints", cfg.checkpoint) as ckpt:
         assert ckpt.latest_step() == 3
         manager_restore = ocp.args.Composite(state=ocp.args.StandardRestore())

@@ -46,7 +46,7 @@ def test_sft_step_is_the_gradient_of_token_mean_cross_entropy():
 def test_warm_start_learns_and_is_cached(tmp_path):
     cfg = dataclasses.replace(TINY, sft=SFTConfig(steps=25, batch_size=16, learning_rate=1e-2))
     task = load_task(cfg, None, tmp_path / "data")
-    from kjax.rl.loop import build_model
+    from kjax.rl.components import build_model
 
     m = mesh(8)
     model_config, params, _ = build_model(cfg, m)
