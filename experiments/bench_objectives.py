@@ -19,6 +19,7 @@ from absl import app, flags, logging
 
 from kjax import objectives as obj
 from kjax.objectives import reference as ref
+from kjax.objectives import reference_offpolicy as ref_off
 
 E, M = obj.MaxAtKEstimator, obj.MeanBaseline
 
@@ -89,10 +90,16 @@ def cases(k: int) -> dict:
             lambda x, c=centered: obj.majority_at_k_advantages(x["answers"], x["target"], k, c),
             lambda x, c=centered: ref.majority_at_k_advantages_ref(x["answers"], x["target"], k, c),
         )
-    out["max_at_k_offpolicy_advantages"] = (
-        lambda x: obj.max_at_k_offpolicy_advantages(x["rewards"], x["log_ratio"], k, 0.2),
-        lambda x: ref.max_at_k_offpolicy_advantages_ref(x["rewards"], x["log_ratio"], k, 0.2),
-    )
+    for e in (E.S, E.LOO_MINUS_ONE, E.L2O):
+        for exact in (True, False):
+            out[f"max_at_k_offpolicy_advantages[{e.name},exact={exact}]"] = (
+                lambda x, e=e, ex=exact: obj.max_at_k_offpolicy_advantages(
+                    x["rewards"], x["log_ratio"], k, estimator=e, exact=ex, clamp=0.2
+                ),
+                lambda x, e=e, ex=exact: ref_off.max_at_k_offpolicy_advantages_ref(
+                    x["rewards"], x["log_ratio"], k, e, ex, 0.2
+                ),
+            )
     return out
 
 

@@ -6,9 +6,11 @@ Advantages ([B, N] -> [B, N], under stop_gradient):
   mean_advantages (k = 1: RLOO, Dr.GRPO, GRPO), max_at_k_advantages (pass@k / max@k:
   PKPO, Tang et al., Chen et al., MaxPO's L2O), max_at_k_mixture_advantages (sum_k
   w_k max@k; MaxRL via maxrl_weights), majority_at_k_advantages (Tang et al.),
-  max_at_k_offpolicy_advantages (Bagirov et al.).
+  max_at_k_offpolicy_advantages (Bagirov et al.: the weight of each sample's own ratio,
+  exact or linearised, for S, LOO_MINUS_ONE and L2O).
 Related objectives of the seed papers live in `related`. Every function has a slow
-float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`).
+float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`; the
+off-policy one in `reference_offpolicy`).
 `k` is always a static Python int. The math: shared/design/ESTIMATORS.md.
 """
 
