@@ -179,6 +179,7 @@ TABLE = harness.Table(
         ("grad variance at warm start", "gradvar"),
     ),
     base=base,
+    smoke_arms=(L2O, "MaxRL (T=16)"),
     budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from a 1500-step SFT warm "
     f"start; eval 200 problems x 16 samples; gradient variance over {BATCHES} batches of "
     f"{B} x {N} at the warm start",

@@ -71,6 +71,7 @@ TABLE = harness.Table(
     ),
     columns=(("max@1", "max@1"), ("max@8", "max@8"), ("max@32", "max@32")),
     base=base,
+    smoke_arms=(EXACT, LINEAR),
     budget=f"{STEPS} RL steps of {B} x {N} (PPO) from a 1500-step SFT warm start; eval 200 "
     f"problems x {N_EVAL} samples; binary arithmetic reward (max@k = pass@k)",
 )

@@ -69,6 +69,7 @@ TABLE = harness.Table(
     ),
     columns=tuple((f"pass@{k}", f"pass@{k}") for k in KS),
     base=base,
+    smoke_arms=("k_opt=8", "anneal 8->1"),
     budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from a 1500-step SFT warm "
     "start; eval 200 problems x 16 samples",
 )

@@ -135,6 +135,7 @@ TABLE = harness.Table(
         ("maj@8", "maj@8"),
     ),
     base=base,
+    smoke_arms=(name("mean", "PG"), name("loo_n_eq_k", "PPO"), name("majority", "PG")),
     budget=f"{STEPS} RL steps of 256 samples (16 x 16; 32 x 8 for N=k) from a 1500-step SFT "
     "warm start, PG or PPO with 2 epochs; eval 200 problems x 16 samples",
 )
