@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# GPU check: the `gpu` test tier and the RL-step benchmark on one CUDA machine, < 8 minutes.
+# GPU check: the `gpu` test tier, the sampler (SmolLM2 and Llama-3.2-1B shapes, bfloat16,
+# tokens/s and % of the HBM roofline) and the update (RL-step breakdown, and the update's
+# loss+grad on the reference vs shared-prompt path: tokens/s, MFU, peak memory) on one CUDA
+# machine, < 10 minutes.
 #   bash bench/gpu_check.sh OUTDIR
 # Uses python3 (or $PYTHON), which must already have CUDA jax. Without network, missing
 # dependencies install only from wheels placed in bench/wheels/ beside this script.
-# Writes OUTDIR/{env,gpu_tests,bench_rl_step}.json (+ gpu_tests.xml, *.log); exits non-zero
+# Writes OUTDIR/{env,gpu_tests,bench_rl_step,sampler_smollm2,sampler_llama3_1b}.json
+# (+ gpu_tests.xml, *.log); exits non-zero
 # if any part failed.
 set -uo pipefail
 OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR}
@@ -31,8 +35,19 @@ rc=$?
 echo "{\"pytest_gpu_exit_code\": $rc}" > "$OUT/gpu_tests.json"
 [ "$rc" -eq 0 ] || status=1
 
-# RL-step breakdown, tokens/s and MFU (peak from the table for H100/H200).
-timeout 180 $PY -m experiments.bench_rl_step --shapes=tiny_arith,smollm2 --steps=5 \
+# Sampler, bfloat16, 8x8 and 64x1 at S = T = 64 (tokens/s; % of the HBM roofline from the
+# datasheet bandwidth of H100/H200, else measured). No transformers comparison here.
+for model in smollm2 llama3_1b; do
+  timeout 150 $PY -m experiments.bench_sampler --model=$model --dtype=bfloat16 \
+    --shapes=8x8,64x1 --repeats=3 --transformers=false --out="$OUT/sampler_$model.json" \
+    > "$OUT/sampler_$model.log" 2>&1 || status=1
+done
+
+# RL-step breakdown, tokens/s and MFU (peak from the table for H100/H200), and the update's
+# loss+grad, reference (prompt repeated, full logits) vs shared-prompt path, in bfloat16.
+timeout 240 $PY -m experiments.bench_rl_step --shapes=tiny_arith,smollm2 --steps=5 \
+  --paths=tiny_arith,smollm2 --path_dtype=bfloat16 --path_repeats=5 \
   --out="$OUT/bench_rl_step.json" > "$OUT/bench_rl_step.log" 2>&1 || status=1
-tail -n 8 "$OUT/gpu_tests.log" "$OUT/bench_rl_step.log"
+tail -n 8 "$OUT/gpu_tests.log" "$OUT/sampler_smollm2.log" "$OUT/sampler_llama3_1b.log" \
+  "$OUT/bench_rl_step.log"
 exit $status

@@ -156,18 +156,21 @@ def main(argv):
     dtype, peak = jnp.dtype(FLAGS.path_dtype), peak_tflops()[0] if FLAGS.paths else 0.0
     paths = [update_paths.compare(s, FLAGS.path_repeats, dtype, peak) for s in FLAGS.paths]
     if paths:
-        print(update_paths.table(paths) + "\n")
+        print(update_paths.table(paths) + "\n", flush=True)
     results = [bench(shape) for shape in FLAGS.shapes]
-    print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | update s | "
-          "update tokens/s | MFU |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    if results:
+        print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | "
+              "update s | update tokens/s | MFU |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         s = r["seconds"]
         shape = f"{r['B']}x{r['N']}x{r['S'] + r['T']}"
         print(f"| {r['shape']} | {r['params']:,} | {shape} | {s['sample']:.4f} | "
               f"{s['verify']:.4f} | {s['advantages']:.4f} | {s['update']:.4f} | "
               f"{r['update_tokens_per_s']:,.0f} | {r['mfu']:.2%} |")  # fmt: skip
-    print(f"\npeak: {results[0]['peak_tflops_per_s']:.2f} TFLOP/s ({results[0]['peak_source']})")
+    if results:
+        r = results[0]
+        print(f"\npeak: {r['peak_tflops_per_s']:.2f} TFLOP/s ({r['peak_source']})")
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump({"steps": results, "update_paths": paths}, f, indent=2)
