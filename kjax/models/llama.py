@@ -173,12 +173,19 @@ def embed(params: Params, tokens, dtype=jnp.float32):
     return params["embed"].astype(dtype)[tokens]
 
 
+def _dense(x, w, n_in: int = 1):
+    """x [..., *in] @ w [*in, *out] as one 2-D matmul over all leading rows: XLA:CPU's
+    3-D einsum backward was 1.34x slower than PyTorch's for the same MLP."""
+    lead, inner = x.shape[: x.ndim - n_in], w.shape[:n_in]
+    out = w.shape[n_in:]
+    w2 = w.astype(x.dtype).reshape(math.prod(inner), math.prod(out))
+    return (x.reshape(-1, w2.shape[0]) @ w2).reshape(*lead, *out)
+
+
 def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
     """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k."""
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-    q = jnp.einsum("bsd,dhe->bshe", h, layer["q"].astype(x.dtype))
-    k = jnp.einsum("bsd,dke->bske", h, layer["k"].astype(x.dtype))
-    v = jnp.einsum("bsd,dke->bske", h, layer["v"].astype(x.dtype))
+    q, k, v = (_dense(h, layer[name]) for name in ("q", "k", "v"))
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
@@ -188,22 +195,62 @@ def attention(q, k, v, mask, *, with_lse: bool = False):
     Args:
       q: [B,S,H,E] queries. k, v: [B,T,K,E] keys/values, H a multiple of K (query
         head h reads kv head h // (H/K), as transformers' repeat_kv).
-      mask: [B,S,T] bool, True where query s may attend key t.
+      mask: [B,S,T] bool (B and S may be 1: broadcast), True where query s may attend
+        key t.
       with_lse: also return the log-sum-exp [B,S,H] of the scores, for merge_attention.
     Returns:
       out [B,S,H,E] in q's dtype (and lse [B,S,H] float32).
     """
     B, S, H, E = q.shape
-    K = k.shape[2]
-    qg = q.reshape(B, S, K, H // K, E)
-    scores = jnp.einsum("bskge,btke->bkgst", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores / math.sqrt(E), _NEG)
-    lse = jax.nn.logsumexp(scores, axis=-1, keepdims=True)
-    probs = jnp.exp(scores - lse).astype(v.dtype)
-    out = jnp.einsum("bkgst,btke->bskge", probs, v).reshape(B, S, H, E)
+    T, K = k.shape[1], k.shape[2]
+    G = H // K
+    # Heads-major, the G query heads of a kv head next to the query axis: one batched
+    # [G*S, E] x [E, T] matmul per (b, kv head), no K/V copies (1.3x faster fwd+bwd).
+    qh = (q * (1 / math.sqrt(E))).reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    mask = jnp.broadcast_to(mask, (mask.shape[0], S, T))[:, None, None]  # [B|1,1,1,S,T]
+    out, lse = _attention_core(qh, kh, vh, mask)
+    out = out.transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
     if not with_lse:
         return out
-    return out, lse[..., 0].transpose(0, 3, 1, 2).reshape(B, S, H)
+    return out, lse.transpose(0, 3, 1, 2).reshape(B, S, H)
+
+
+@jax.custom_vjp
+def _attention_core(qh, kh, vh, mask):
+    """qh [B,K,G,S,E] (pre-scaled), kh/vh [B,K,T,E], mask [B|1,1,1,S,T] ->
+    (out [B,K,G,S,E] in q's dtype, lse [B,K,G,S] float32)."""
+    return _attention_fwd(qh, kh, vh, mask)[0]
+
+
+def _attention_fwd(qh, kh, vh, mask):
+    scores = jnp.einsum("bkgse,bkte->bkgst", qh, kh, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores, _NEG)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    unnorm = jnp.exp(scores - top)
+    total = jnp.sum(unnorm, axis=-1, keepdims=True)
+    probs = unnorm / total
+    out = jnp.einsum("bkgst,bkte->bkgse", probs.astype(vh.dtype), vh)
+    lse = (top + jnp.log(total))[..., 0]
+    return (out, lse), (qh, kh, vh, probs, out)
+
+
+def _attention_bwd(res, grads):
+    # Softmax backward written out: the probabilities are kept (no recompute) and the
+    # row term sum_t p dp is sum_e out * d_out; the lse cotangent adds p * d_lse.
+    qh, kh, vh, probs, out = res
+    d_out, d_lse = grads
+    p = probs.astype(vh.dtype)
+    d_v = jnp.einsum("bkgst,bkgse->bkte", p, d_out.astype(vh.dtype))
+    d_p = jnp.einsum("bkgse,bkte->bkgst", d_out, vh, preferred_element_type=jnp.float32)
+    row = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_s = (probs * (d_p - row + d_lse[..., None])).astype(qh.dtype)
+    d_q = jnp.einsum("bkgst,bkte->bkgse", d_s, kh)
+    d_k = jnp.einsum("bkgst,bkgse->bkte", d_s, qh)
+    return d_q, d_k, d_v, None
+
+
+_attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
 def merge_attention(parts):
@@ -215,18 +262,19 @@ def merge_attention(parts):
 
 def layer_out(layer: Params, config: LlamaConfig, x, attn):
     """Residual block tail: x + o(attn), then x + SwiGLU(norm(x)); x [B,S,D], attn [B,S,H,E]."""
-    x = x + jnp.einsum("bshe,hed->bsd", attn, layer["o"].astype(x.dtype))
+    x = x + _dense(attn, layer["o"], n_in=2)
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-    gate = jnp.einsum("bsd,df->bsf", h, layer["gate"].astype(x.dtype))
-    up = jnp.einsum("bsd,df->bsf", h, layer["up"].astype(x.dtype))
-    return x + jnp.einsum("bsf,fd->bsd", jax.nn.silu(gate) * up, layer["down"].astype(x.dtype))
+    gate, up = _dense(h, layer["gate"]), _dense(h, layer["up"])
+    return x + _dense(jax.nn.silu(gate) * up, layer["down"])
 
 
 def unembed(params: Params, config: LlamaConfig, x):
     """Logits [B,S,V] float32 of final hidden states x [B,S,D]."""
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     head = params["embed"].T if config.tie_embeddings else params["lm_head"]
-    return jnp.einsum("bsd,dv->bsv", h, head.astype(x.dtype), preferred_element_type=jnp.float32)
+    logits = jnp.matmul(h.reshape(-1, h.shape[-1]), head.astype(x.dtype),
+                        preferred_element_type=jnp.float32)  # fmt: skip
+    return logits.reshape(*x.shape[:-1], -1)
 
 
 # ----------------------------------------------------------------------------- forward
