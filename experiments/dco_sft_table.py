@@ -121,7 +121,8 @@ def plot(table, rows, path) -> None:
                 )
         ax.set(xlabel="SFT epoch (0 = warm start)", ylabel=f"held-out pass@{k}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:  # smoke runs have no pass@256
+            ax.legend(fontsize=8)
     fig.suptitle(table.title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

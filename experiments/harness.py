@@ -79,6 +79,7 @@ class Table:
     per_seed: Callable | None = None
     plot: Callable | None = None
     smoke_arms: tuple[str, ...] = ()  # --smoke trains only these (all if empty)
+    derive: Callable | None = None  # metrics -> extra metrics computed from them (e.g. logs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,7 @@ def budget(cfg, steps: int, batch: int, samples: int):
 SMOKE_BUDGET = ("SMOKE, not a result: 2 RL steps of 8 x 8 from a 4-step SFT, tiny eval; "
                 "arms marked 'validated' were configured and validated, not trained")  # fmt: skip
 SMOKE_SKIPPED = "validated"
+RUNNING = "running in another worker"
 
 
 def smoke_base(cfg):
@@ -202,16 +204,25 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
 
         arm.make(with_seed(table.base(seed, True), seed, ctx.sft_dir)).validate(jax.device_count())
         return {**row, "status": SMOKE_SKIPPED, "metrics": {}, "wall_s": 0.0}
-    start = time.time()
-    try:
-        metrics = (table.execute or rl_execute)(table, arm, seed, run_dir, ctx)
-        finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
-        row.update(status="ok" if finite else "diverged", metrics=metrics)
-    except FloatingPointError as e:
-        row.update(status="diverged", metrics={}, error=str(e).splitlines()[0])
-    row["wall_s"] = round(time.time() - start, 1)
+    import fcntl
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    done.write_text(json.dumps(row, indent=1))
+    with open(run_dir / "lock", "w") as lock:  # several workers may share one table
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return {**row, "status": RUNNING, "metrics": {}, "wall_s": 0.0}
+        if done.exists():  # another worker finished it meanwhile
+            return json.loads(done.read_text())
+        start = time.time()
+        try:
+            metrics = (table.execute or rl_execute)(table, arm, seed, run_dir, ctx)
+            finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+            row.update(status="ok" if finite else "diverged", metrics=metrics)
+        except FloatingPointError as e:
+            row.update(status="diverged", metrics={}, error=str(e).splitlines()[0])
+        row["wall_s"] = round(time.time() - start, 1)
+        done.write_text(json.dumps(row, indent=1))
     ctx.log(f"[{table.name}] {arm.name} seed {seed}: {row['status']} ({row['wall_s']} s)")
     return row
 
@@ -243,11 +254,19 @@ def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
                 extra_path.parent.mkdir(parents=True, exist_ok=True)
                 extra = table.per_seed(table, seed, ctx)
                 extra_path.write_text(json.dumps(extra, indent=1))
-            extra = json.loads(extra_path.read_text())
-            for row in seed_rows:
-                row["metrics"] = {**row["metrics"], **extra.get(row["arm"], {})}
+            merge(table, seed_rows, json.loads(extra_path.read_text()))
+        else:
+            merge(table, seed_rows, {})
         rows += seed_rows
     return rows
+
+
+def merge(table: Table, rows: list[dict], extra: dict) -> None:
+    """Adds the per-seed measurements and the table's derived metrics to each row."""
+    for row in rows:
+        row["metrics"] = {**row["metrics"], **extra.get(row["arm"], {})}
+        if table.derive is not None and row["status"] == "ok":
+            row["metrics"].update(table.derive(row["metrics"]))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -310,7 +329,7 @@ def arm_table(rows: list[dict], arms: Sequence[str], columns) -> str:
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
         cells = [fmt(*t_interval(list(values(rows, arm, key).values()))) for _, key in columns]
-        kinds = ("ok", "diverged", "unavailable", SMOKE_SKIPPED)
+        kinds = ("ok", "diverged", "unavailable", SMOKE_SKIPPED, RUNNING)
         status = {s: sum(r["status"] == s for r in mine) for s in kinds}
         runs = ", ".join(f"{n} {s}" for s, n in status.items() if n) or "0"
         lines.append(f"| {arm} | " + " | ".join(cells) + f" | {runs} |")
@@ -433,10 +452,7 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
         if not all(p.exists() for p in paths) or (table.per_seed and not extra.exists()):
             break
         seed_rows = [json.loads(p.read_text()) for p in paths]
-        if table.per_seed:
-            more = json.loads(extra.read_text())
-            for row in seed_rows:
-                row["metrics"] = {**row["metrics"], **more.get(row["arm"], {})}
+        merge(table, seed_rows, json.loads(extra.read_text()) if table.per_seed else {})
         rows, done = rows + seed_rows, done + [seed]
     return rows, done
 

@@ -1,0 +1,232 @@
+"""The paper-table modules: every one runs in --smoke mode, the harness's statistics and
+verdicts follow their definitions, finished runs are skipped on resume, README's Results
+tables are the committed result files verbatim, and notebook 02 runs on smoke outputs."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import pathlib
+import re
+import shutil
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from experiments import harness
+from experiments.harness import Arm, Claim, ClaimKind
+
+ROOT = pathlib.Path(__file__).parent.parent.parent
+MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpolicy_table",
+           "dco_sft_table", "estimators_2026_table", "smollm2_passk")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Every module's --smoke run into one directory, with one SFT warm start and one
+    persistent compile cache shared by all of them (most arms compile the same step)."""
+    import jax
+    from jax._src import compilation_cache
+
+    root = tmp_path_factory.mktemp("tables")
+    previous = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(root / "jax_cache"))
+    compilation_cache.reset_cache()  # earlier tests may have initialised it without a dir
+    (root / "out").mkdir()
+    try:
+        for name in MODULES:  # each in its own workdir (arms of two tables may share a name)
+            module = importlib.import_module(f"experiments.{name}")
+            args = ["--workdir", str(root / name), "--smoke", "--sft_dir", str(root / "sft")]
+            main = getattr(module, "main", None) or (lambda a, m=module: harness.main(m.TABLE, a))
+            assert main(args) == 0
+            for suffix in ("md", "jsonl", "png"):
+                shutil.copy(root / name / f"{name}.{suffix}", root / "out")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)
+        compilation_cache.reset_cache()
+    return root
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_smoke_run_writes_table_figure_and_rows(smoke, name):
+    out = smoke / "out"
+    text = (out / f"{name}.md").read_text()
+    assert (out / f"{name}.png").stat().st_size > 0
+    rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+    if name == "pkpo_toy_figure":
+        assert [r["k"] for r in rows] == list(importlib.import_module(f"experiments.{name}").KS)
+        return
+    table = importlib.import_module(f"experiments.{name}").TABLE
+    assert sorted(r["arm"] for r in rows) == sorted(a.name for a in table.arms)
+    trained = set(table.smoke_arms) or {a.name for a in table.arms}  # the rest: validated
+    assert all(r["seed"] == 0 for r in rows)
+    assert {r["arm"]: r["status"] for r in rows} == {
+        a.name: "ok" if a.name in trained else harness.SMOKE_SKIPPED for a in table.arms
+    }
+    for claim in table.claims:  # every claim gets a verdict line
+        assert re.search(rf"^\| {claim.id} \|.*\| ({'|'.join(map(re.escape, VERDICTS))}) \|$",
+                         text, flags=re.M), claim.id  # fmt: skip
+
+
+VERDICTS = (harness.REPRODUCED, harness.OPPOSITE, harness.INCONCLUSIVE)
+
+
+def test_resume_skips_finished_runs(smoke, monkeypatch):
+    def must_not_run(*a, **k):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(harness, "rl_execute", must_not_run)
+    module = importlib.import_module("experiments.pkpo_kopt_table")
+    workdir = smoke / "pkpo_kopt_table"
+    before = (workdir / "pkpo_kopt_table.jsonl").read_text()
+    args = ["--workdir", str(workdir), "--smoke", "--sft_dir", str(smoke / "sft")]
+    assert harness.main(module.TABLE, args) == 0
+    assert (workdir / "pkpo_kopt_table.jsonl").read_text() == before
+
+
+def test_notebook_02_redraws_smoke_outputs(smoke, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("KJAX_RESULTS_DIR", str(smoke / "out"))
+    nb = nbformat.read(ROOT / "notebooks" / "02_results.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT)}}).execute()  # fmt: skip
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "missing" not in printed.split("\n")[0], printed  # every table's file was found
+
+
+# ------------------------------------------------------------------------- statistics
+
+
+def test_t_interval_is_scipys_95_percent_student_interval():
+    x = np.array([0.1, 0.35, 0.2, 0.05, 0.3])
+    mean, low, high = harness.t_interval(x)
+    ref = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    np.testing.assert_allclose([mean, low, high], [x.mean(), *ref], rtol=1e-12)
+    assert math.isnan(harness.t_interval([0.3])[1])  # one seed: no interval
+
+
+@pytest.mark.parametrize(
+    ("kind", "low", "high", "margin", "expected"),
+    [
+        (ClaimKind.GREATER, 0.01, 0.05, 0, harness.REPRODUCED),
+        (ClaimKind.GREATER, -0.05, -0.01, 0, harness.OPPOSITE),
+        (ClaimKind.GREATER, -0.01, 0.05, 0, harness.INCONCLUSIVE),
+        (ClaimKind.LESS, -0.05, -0.01, 0, harness.REPRODUCED),
+        (ClaimKind.LESS, 0.01, 0.05, 0, harness.OPPOSITE),
+        (ClaimKind.EQUIVALENT, -0.01, 0.015, 0.02, harness.REPRODUCED),
+        (ClaimKind.EQUIVALENT, -0.01, 0.03, 0.02, harness.INCONCLUSIVE),
+        (ClaimKind.EQUIVALENT, 0.03, 0.05, 0.02, harness.OPPOSITE),
+        (ClaimKind.NONINFERIOR, -0.01, 0.05, 0.02, harness.REPRODUCED),
+        (ClaimKind.NONINFERIOR, -0.03, 0.05, 0.02, harness.INCONCLUSIVE),
+        (ClaimKind.NONINFERIOR, -0.05, -0.001, 0.02, harness.OPPOSITE),
+        (ClaimKind.GREATER, math.nan, math.nan, 0, harness.INCONCLUSIVE),
+    ],
+)
+def test_verdict_rules(kind, low, high, margin, expected):
+    assert harness.verdict(kind, low, high, margin) == expected
+
+
+def _rows(values: dict[str, list[float | None]]) -> list[dict]:
+    """Rows of arms x seeds; None marks a diverged run."""
+    return [{"arm": arm, "seed": s, "status": "diverged" if v is None else "ok",
+             "metrics": {} if v is None else {"m": v}}
+            for arm, vs in values.items() for s, v in enumerate(vs)]  # fmt: skip
+
+
+def test_claims_pair_by_seed_and_leave_diverged_runs_out():
+    a = [0.50, 0.61, 0.40, None, 0.55]
+    b = [0.45, 0.50, 0.38, 0.52, 0.41]
+    rows = _rows({"a": a, "b": b})
+    j = harness.judge(rows, Claim("x", "a beats b", "m", "a", "b"))
+    diffs = [x - y for x, y in zip(a, b, strict=True) if x is not None]
+    mean, low, high = harness.t_interval(diffs)
+    assert j["seeds"] == 4 and j["mean"] == pytest.approx(mean) and j["low"] == pytest.approx(low)
+    assert j["verdict"] == harness.verdict(ClaimKind.GREATER, low, high)
+    table = harness.arm_table(rows, ["a", "b"], [("m", "m")])
+    assert "| 4 ok, 1 diverged |" in table  # reported, not dropped
+    # Unpaired means would differ from the paired difference: pairing is by seed.
+    one_sided = harness.judge(_rows({"a": a[:3], "b": b}), Claim("y", "", "m", "a", "b"))
+    assert one_sided["seeds"] == 3
+
+
+def test_against_zero_claim_uses_the_arms_own_values():
+    rows = _rows({"a": [-0.2, -0.1, -0.15]})
+    j = harness.judge(rows, Claim("z", "falls", "m", "a", None, ClaimKind.LESS))
+    assert j["mean"] == pytest.approx(-0.15) and j["verdict"] == harness.REPRODUCED
+
+
+def test_unavailable_and_diverged_arms(tmp_path):
+    def missing(cfg):
+        raise AttributeError("kjax.rl.config has no Future yet")
+
+    def diverges(table, arm, seed, run_dir, ctx):
+        raise FloatingPointError("loss is not finite at RL step 3\nmore")
+
+    base = lambda seed, smoke: None  # noqa: E731
+    table = harness.Table("t", "t", (Arm("gone", missing), Arm("nan", lambda c: c)), (),
+                          (("m", "m"),), base, "b", execute=diverges)  # fmt: skip
+    ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=True)
+    rows = [harness.run_one(table, arm, 0, ctx) for arm in table.arms]
+    assert [r["status"] for r in rows] == ["unavailable", "diverged"]
+    assert not (tmp_path / "runs" / "gone" / "seed0" / "result.json").exists()  # retried later
+    assert json.loads((tmp_path / "runs" / "nan" / "seed0" / "result.json").read_text())[
+        "error"] == "loss is not finite at RL step 3"  # fmt: skip
+    text = harness.report(table, rows, [0], smoke=True)
+    assert "Diverged: nan (seed 0)" in text and "Unavailable arms: gone" in text
+
+
+# ------------------------------------------------------------------------ the toy, exactly
+
+
+def test_toy_expected_max_matches_direct_integration():
+    toy = importlib.import_module("experiments.pkpo_toy_figure")
+    theta, s = 0.7, toy.SIGMA
+    density = lambda x: stats.norm.pdf(x, theta, s)  # noqa: E731
+    mean, _ = integrate.quad(lambda x: x * x * density(x), 0.0, 1.0)  # k = 1: E[g(x)]
+    assert toy.expected_max(theta, 1) == pytest.approx(mean, rel=1e-9)
+    # k = 2: E[max] = int 2 g(x) F_g(g(x)) p(x) dx with F_g the reward's CDF.
+    cdf = lambda x: stats.norm.cdf(x, theta, s) + stats.norm.sf(1.0, theta, s)  # noqa: E731
+    two, _ = integrate.quad(lambda x: 2 * x * x * cdf(x) * density(x), 0.0, 1.0)
+    assert toy.expected_max(theta, 2) == pytest.approx(two, rel=1e-8)
+
+
+def test_toy_optimum_is_a_stationary_maximum():
+    toy = importlib.import_module("experiments.pkpo_toy_figure")
+    for k in (1, 8):
+        t, h = toy.optimal_theta(k), 1e-4
+        assert toy.expected_max(t, k) >= max(toy.expected_max(t - h, k), toy.expected_max(t + h, k))
+
+
+# ----------------------------------------------------------------------------- README
+
+
+def test_readme_results_are_the_committed_result_files():
+    readme = (ROOT / "README.md").read_text()
+    results = sorted((ROOT / "experiments" / "results").glob("*.md"))
+    if "## Results" not in readme:
+        assert not results, "experiments/results/ has tables but README has no Results section"
+        return
+    section = readme.split("## Results", 1)[1].split("\n## ", 1)[0]
+    tables_in_files = set()
+    for path in results:
+        for block in _tables(path.read_text()):
+            assert block in section, f"README's Results lacks this table of {path.name}:\n{block}"
+            tables_in_files.add(block)
+    for block in _tables(section):  # and nothing in README that no command wrote
+        assert block in tables_in_files, f"README table not in experiments/results/:\n{block}"
+
+
+def _tables(text: str) -> list[str]:
+    """Markdown tables: maximal runs of lines starting with '|'."""
+    blocks, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append("\n".join(current))
+            current = []
+    return blocks
