@@ -247,7 +247,7 @@ def _attention_bwd(res, grads):
     d_s = (probs * (d_p - row + d_lse[..., None])).astype(qh.dtype)
     d_q = jnp.einsum("bkgst,bkte->bkgse", d_s, kh)
     d_k = jnp.einsum("bkgst,bkgse->bkte", d_s, qh)
-    return d_q, d_k, d_v, None
+    return d_q.astype(qh.dtype), d_k.astype(kh.dtype), d_v.astype(vh.dtype), None
 
 
 _attention_core.defvjp(_attention_fwd, _attention_bwd)
