@@ -37,6 +37,8 @@ setup(
     extras_require={
         "dev": [
             "pytest>=8",
+            # The default tier runs one worker per core (pyproject's addopts: -n auto).
+            "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             "nbclient>=0.10",
             "nbformat>=5.10",

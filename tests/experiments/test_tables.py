@@ -25,27 +25,18 @@ MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpoli
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """Every module's --smoke run into one directory, with one SFT warm start and one
-    persistent compile cache shared by all of them (most arms compile the same step)."""
-    import jax
-    from jax._src import compilation_cache
-
+    """Every module's --smoke run into one directory, with one SFT warm start shared by all
+    of them (conftest's persistent compile cache serves the arms that compile the same
+    step)."""
     root = tmp_path_factory.mktemp("tables")
-    previous = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(root / "jax_cache"))
-    compilation_cache.reset_cache()  # earlier tests may have initialised it without a dir
     (root / "out").mkdir()
-    try:
-        for name in MODULES:  # each in its own workdir (arms of two tables may share a name)
-            module = importlib.import_module(f"experiments.{name}")
-            args = ["--workdir", str(root / name), "--smoke", "--sft_dir", str(root / "sft")]
-            main = getattr(module, "main", None) or (lambda a, m=module: harness.main(m.TABLE, a))
-            assert main(args) == 0
-            for suffix in ("md", "jsonl", "png"):
-                shutil.copy(root / name / f"{name}.{suffix}", root / "out")
-    finally:
-        jax.config.update("jax_compilation_cache_dir", previous)
-        compilation_cache.reset_cache()
+    for name in MODULES:  # each in its own workdir (arms of two tables may share a name)
+        module = importlib.import_module(f"experiments.{name}")
+        args = ["--workdir", str(root / name), "--smoke", "--sft_dir", str(root / "sft")]
+        main = getattr(module, "main", None) or (lambda a, m=module: harness.main(m.TABLE, a))
+        assert main(args) == 0
+        for suffix in ("md", "jsonl", "png"):
+            shutil.copy(root / name / f"{name}.{suffix}", root / "out")
     return root
 
 

@@ -8,13 +8,16 @@ import sys
 
 import numpy as np
 
+from tests import TEST_XLA_FLAGS
+
 ARGS = ["-m", "experiments.train", "--config=tests/rl/tiny_run.py:tiny", "--config.steps=4",
         "--config.mesh.data=2"]  # fmt: skip
 
 
 def _env(devices, **extra):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **extra}  # fmt: skip
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}",
+           **extra}  # fmt: skip
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         if name not in extra:
             env.pop(name, None)

@@ -10,8 +10,11 @@ import time
 import numpy as np
 import orbax.checkpoint as ocp
 
+from tests import TEST_XLA_FLAGS
+
 CMD = [sys.executable, "-m", "experiments.train", "--config=tests/rl/tiny_run.py:tiny"]
-ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": TEST_XLA_FLAGS,
+       "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
 
 
 def _train(workdir, *extra):
