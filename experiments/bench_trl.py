@@ -13,10 +13,11 @@ beta=0; the derivation and what still differs are in that script's docstring).
 Prints a Markdown table (median step s, its sample/score/update split, TRL / kjax) and
 writes --out JSON. The goal is TRL / kjax >= 2. A benchmark, not a test: on a shared CPU
 the figures are noisy. Without the TRL env it exits non-zero saying how to make one.
-Measured so far only on 2 CPU cores loaded by other jobs (load average 4-8), 2 x 4 x 16:
-kjax 10.0-12.3 s/step (sample 4.5-5.3, update 5.4-6.4); TRL 96 s at --threads=2
-(oversubscribed torch), 14.0-15.0 s at --threads=1 (sample 4.3-4.6, update 9.7-11.3).
-Figures from a quiet machine are still to come.
+Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
+thread count (2; 1 thread is slower when the machine is quiet): 2 x 4 x 16: kjax 6.01 s/step
+(sample 2.68, update 3.38) vs TRL 10.66 s (sample 4.35, update 6.19): 1.77x; 4 x 8 x 64:
+kjax 46.4 s (sample 18.9, update 27.5) vs TRL 75.6 s (sample 28.3, update 47.4): 1.63x.
+The 2x goal is not met; kjax also pads its prompts to 96 tokens where TRL's are 49.
 """
 
 from __future__ import annotations
