@@ -48,7 +48,7 @@ flags.DEFINE_integer("samples", 4, "N: samples per prompt (TRL's num_generations
 flags.DEFINE_integer("tokens", 16, "T: new tokens (TRL's max_completion_length).")
 flags.DEFINE_integer("steps", 3, "Timed steps per side, after --warmup untimed ones.")
 flags.DEFINE_integer("warmup", 1, "Untimed first steps per side (compilation, caches).")
-flags.DEFINE_integer("prompt_tokens", 0, "kjax's prompt width S (0: the preset's).")
+flags.DEFINE_integer("prompt_tokens", 0, "kjax's prompt width S (0: the preset's: fit the data).")
 flags.DEFINE_integer("threads", os.cpu_count(), "torch threads on the TRL side.")
 flags.DEFINE_string("trl_python", "", "The TRL env's python (default: $KJAX_TRL_PYTHON).")
 flags.DEFINE_string("out", "", "Also write the results as JSON here.")

@@ -42,7 +42,6 @@ BASE = TrainConfig(
         operators=(Operator.ADD, Operator.SUB),
         train_size=150,
         test_size=16,
-        max_prompt_tokens=96,
     ),
     eval=EvalConfig(every=10, n_eval=8, problems=16),
     checkpoint=CheckpointConfig(every=10, keep=2),

@@ -162,7 +162,9 @@ class TaskConfig:
     test_size: int = 200
     data_seed: int = 0
     manual_dir: str = ""  # MATH: directory holding math/{train,test}.jsonl
-    max_prompt_tokens: int = 0  # 0: the task's bound (TINY arith); prompts left-pad to it
+    # S, prompts left-pad to it. 0: fit the data (TINY arith: its exact bound; pretrained:
+    # the dataset's longest prompt rounded up to a multiple of 16, one pass at load time).
+    max_prompt_tokens: int = 0
 
     def __post_init__(self):
         coerce_enums(self, "task.")

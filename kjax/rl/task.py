@@ -8,6 +8,7 @@ models get the chat-templated instruction of kjax.data.prompts and answer in \\b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pathlib
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
@@ -18,6 +19,12 @@ from kjax.data import builders, loader, prompts, synthetic
 from kjax.rewards import arith
 from kjax.rewards.verdict import NO_ANSWER, PromptVerdict, Verdicts, stack
 from kjax.rl.config import ModelKind, TaskConfig, TaskKind, TrainConfig
+
+
+# A pretrained model's default prompt width S is the longest prompt of the dataset rounded
+# up to this: compute follows the real prompt length (an arith chat prompt of SmolLM2 has
+# 49 tokens: S = 64), and S is fixed for the run, so nothing retraces.
+_PROMPT_BUCKET = 16
 
 
 class CharTokenizer:
@@ -177,6 +184,13 @@ def load_task(cfg: TrainConfig, tokenizer, data_dir: str | pathlib.Path) -> Task
         prompt_len = 1 + t.operands * (t.digits + 1)  # bos, operands, operators and "="
         stop = (CharTokenizer.eos_id,)
     else:
-        prompt_len, stop = 128, (tokenizer.eos_id,)
-    prompt_len = t.max_prompt_tokens or prompt_len
-    return implementation(tokenizer, source["train"], test, prompt_len, stop)
+        prompt_len, stop = 0, (tokenizer.eos_id,)
+    task = implementation(tokenizer, source["train"], test, t.max_prompt_tokens or prompt_len, stop)
+    if task.prompt_len:
+        return task
+    train = source["train"]
+    longest = max(
+        len(task.prompt_ids(e))
+        for e in itertools.chain((loader.decode(train[i]) for i in range(len(train))), test)
+    )
+    return dataclasses.replace(task, prompt_len=-(-longest // _PROMPT_BUCKET) * _PROMPT_BUCKET)

@@ -52,3 +52,33 @@ def test_prompts_left_pad_and_completions_decode():
     assert CharTokenizer().decode(tokens[0][mask[0]][1:]) == "1+2="
     ids = np.asarray(CharTokenizer().encode("42") + [CharTokenizer.eos_id, 0])[None, None]
     assert decode(task, ids, np.ones(ids.shape, bool)) == [["42"]]
+
+
+class _WordTokenizer:
+    """A chat tokenizer stand-in: one id per whitespace-separated word of the message."""
+
+    eos_id = 2
+
+    def encode_chat(self, messages):
+        return [3] * len(messages[0]["content"].split())
+
+
+def test_pretrained_prompt_width_fits_the_longest_prompt_unless_configured(tmp_path):
+    import dataclasses
+
+    from kjax.data import loader
+    from kjax.rl.config import ModelConfig, ModelKind, TaskConfig, TrainConfig
+    from kjax.rl.task import load_task
+
+    model = ModelConfig(kind=ModelKind.PRETRAINED, name="smollm2-135m-instruct")
+    cfg = TrainConfig(model=model, task=TaskConfig(digits=2, train_size=60, test_size=10))
+    tok = _WordTokenizer()
+    task = load_task(cfg, tok, tmp_path / "data")
+    train = [loader.decode(task.train[i]) for i in range(len(task.train))]
+    longest = max(len(task.prompt_ids(e)) for e in train + list(task.test))
+    assert longest > 0 and task.prompt_len % 16 == 0
+    assert task.prompt_len - 16 < longest <= task.prompt_len
+    tokens, mask = prompt_batch(task, train[:4])  # every prompt fits: no error
+    assert tokens.shape == (4, task.prompt_len) and mask.any(axis=1).all()
+    fixed = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, max_prompt_tokens=200))
+    assert load_task(fixed, tok, tmp_path / "data").prompt_len == 200
