@@ -11,13 +11,15 @@ Two forward paths, equal up to float rounding (tests/rl/test_forward.py):
   plus their own causal K/V, merged by log-sum-exp (llama.merge_attention). Prompt and
   completion rows share every projection/MLP matmul. Gradients flow into the prompt's
   activations through its K/V. Only the T predicting positions are unembedded, in chunks
-  of rows under jax.checkpoint, so neither pass holds [B,N,T,V] float32 logits.
+  of rows x vocabulary columns with an online log-sum-exp and a hand-written backward
+  (chunked_token_stats), so neither pass holds [B,N,T,V] float32 logits.
 - shared_prompt=False: the reference, the prompt repeated N times, one full forward over
   [B*N, S+T] and logits at every position (what the trainer did before).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -26,7 +28,7 @@ import jax.numpy as jnp
 from kjax.models import llama
 from kjax.models.config import LlamaConfig
 
-_CHUNK_ELEMENTS = 1 << 23  # default chunk: ~32 MiB of float32 logits (170 rows at V=49152)
+_CHUNK_ELEMENTS = 1 << 23  # default chunk: ~32 MiB of float32 logits (2048 x 4096)
 
 
 class TokenStats(NamedTuple):
@@ -118,38 +120,123 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
 
 
 def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
-                        with_entropy: bool = False, chunk_rows: int | None = None):  # fmt: skip
+                        with_entropy: bool = False, chunk_rows: int | None = None,
+                        chunk_vocab: int | None = None):  # fmt: skip
     """TokenStats [...] of final hidden states hidden [..., D] and targets [...] int.
 
-    Rows are unembedded `chunk_rows` at a time inside lax.map with jax.checkpoint, so
-    forward and backward hold O(chunk_rows x V) float32 logits, never [rows, V].
+    Rows go `chunk_rows` at a time (lax.map; None: up to 4096 rows per chunk) through
+    `_head_stats`, which walks the vocabulary `chunk_vocab` columns at a time (None: ~32
+    MiB of float32 logits per chunk) with an online log-sum-exp. Forward and backward hold
+    O(chunk_rows x chunk_vocab) float32 logits, never [rows, V], and read the [V,D]
+    unembedding once per pass per row chunk (row chunks alone re-read it per chunk: on a
+    CPU that was 1.4x slower than materialising all logits at 2048 x 49152).
     """
     lead, D = hidden.shape[:-1], hidden.shape[-1]
-    h, t = hidden.reshape(-1, D), targets.reshape(-1).astype(jnp.int32)
-    R = h.shape[0]
-    if chunk_rows is None:
-        chunk_rows = max(8, _CHUNK_ELEMENTS // config.vocab_size)
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1 or None; got {chunk_rows}.")
-    c = min(chunk_rows, R)
+    h = llama.rms_norm(hidden.reshape(-1, D), params["final_norm"], config.rms_norm_eps)
+    t = targets.reshape(-1).astype(jnp.int32)
+    R, V = h.shape[0], config.vocab_size
+    for name, value in (("chunk_rows", chunk_rows), ("chunk_vocab", chunk_vocab)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1 or None; got {value}.")
+    c = min(chunk_rows or _MAX_CHUNK_ROWS, R)
+    vc = min(V, chunk_vocab or max(_MIN_CHUNK_VOCAB, _CHUNK_ELEMENTS // c))
+    # The head as [V,D] rows (the tied embedding as stored; an lm_head [D,V] transposed).
+    w = params["embed"] if config.tie_embeddings else params["lm_head"].T
     pad = -R % c
-    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, c, D)
-    t = jnp.pad(t, (0, pad)).reshape(-1, c)
-
-    @jax.checkpoint
-    def one(args):
-        hc, tc = args
-        logits = llama.unembed(params, config, hc[None])[0]  # [c,V] float32
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        lp = jnp.take_along_axis(logits, tc[:, None], axis=-1)[:, 0] - lse
-        if not with_entropy:
-            return lp, None
-        probs = jnp.exp(logits - lse[:, None])
-        return lp, lse - jnp.sum(probs * logits, axis=-1)
-
-    lp, ent = jax.lax.map(one, (h, t))
+    hs = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, c, D)
+    ts = jnp.pad(t, (0, pad)).reshape(-1, c)
+    lp, ent = jax.lax.map(lambda a: _head_stats(a[0], w, a[1], vc, with_entropy), (hs, ts))
     unchunk = lambda a: a.reshape(-1)[:R].reshape(lead)  # noqa: E731
     return TokenStats(unchunk(lp), unchunk(ent) if with_entropy else None)
+
+
+_MAX_CHUNK_ROWS = 4096
+_MIN_CHUNK_VOCAB = 128
+
+
+def _vocab_pass(fn, carry, w, vc: int):
+    """Runs carry, out = fn(carry, w_chunk [vc',D], offset) over the column chunks of the
+    head w [V,D] (a lax.scan over the full chunks, then the static tail); returns the
+    final carry and the chunks' outputs concatenated along the first axis (or None)."""
+    V = w.shape[0]
+    full, tail = divmod(V, vc)
+    outs = []
+    if full:
+        body = lambda c, i: fn(c, jax.lax.dynamic_slice_in_dim(w, i * vc, vc), i * vc)  # noqa: E731
+        carry, out = jax.lax.scan(body, carry, jnp.arange(full))
+        if out is not None:
+            outs.append(out.reshape(full * vc, *out.shape[2:]))
+    if tail:
+        carry, out = fn(carry, w[full * vc :], full * vc)
+        if out is not None:
+            outs.append(out)
+    return carry, (jnp.concatenate(outs) if outs else None)
+
+
+def _chunk_logits(h, w_chunk):
+    return jnp.matmul(h, w_chunk.astype(h.dtype).T, preferred_element_type=jnp.float32)
+
+
+def _in_chunk(t, offset, size):
+    """Whether each target t [R] falls in columns [offset, offset + size), and its column."""
+    return (t >= offset) & (t < offset + size), jnp.clip(t - offset, 0, size - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _head_stats(h, w, t, vc: int, with_entropy: bool):
+    """(log-probs [R], entropies [R] or None) float32 of targets t [R] under logits h @ w.T,
+    h [R,D] normed final hidden states, w [V,D]; see chunked_token_stats."""
+    return _head_stats_fwd(h, w, t, vc, with_entropy)[0]
+
+
+def _head_stats_fwd(h, w, t, vc, with_entropy):
+    R = h.shape[0]
+
+    def step(carry, w_chunk, offset):
+        top, total, picked, weighted = carry  # running max, sum exp, target logit, sum exp*l
+        logits = _chunk_logits(h, w_chunk)
+        new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
+        scale = jnp.exp(top - new_top)
+        e = jnp.exp(logits - new_top[:, None])
+        inside, col = _in_chunk(t, offset, logits.shape[1])
+        picked = jnp.where(inside, jnp.take_along_axis(logits, col[:, None], -1)[:, 0], picked)
+        if with_entropy:
+            weighted = weighted * scale + jnp.sum(e * logits, axis=-1)
+        return (new_top, total * scale + jnp.sum(e, axis=-1), picked, weighted), None
+
+    zeros = jnp.zeros((R,), jnp.float32)
+    init = (jnp.full((R,), -jnp.inf, jnp.float32), zeros, zeros, zeros)
+    (top, total, picked, weighted), _ = _vocab_pass(step, init, w, vc)
+    lse = top + jnp.log(total)
+    lp = picked - lse
+    ent = lse - weighted / total if with_entropy else None
+    return (lp, ent), (h, w, t, lse, ent)
+
+
+def _head_stats_bwd(vc, with_entropy, res, grads):
+    # d lp / d logit_j = onehot_j - p_j;  d H / d logit_j = -p_j (log p_j + H).
+    h, w, t, lse, ent = res
+    g_lp, g_ent = grads
+
+    def step(d_h, w_chunk, offset):
+        logp = _chunk_logits(h, w_chunk) - lse[:, None]
+        p = jnp.exp(logp)
+        inside, col = _in_chunk(t, offset, logp.shape[1])
+        onehot = (jnp.arange(logp.shape[1]) == col[:, None]) & inside[:, None]
+        d_logits = g_lp[:, None] * (onehot - p)
+        if with_entropy:
+            d_logits = d_logits - g_ent[:, None] * p * (logp + ent[:, None])
+        d_logits = d_logits.astype(h.dtype)
+        d_h = d_h + jnp.matmul(
+            d_logits, w_chunk.astype(h.dtype), preferred_element_type=jnp.float32
+        )
+        return d_h, jnp.matmul(d_logits.T, h, preferred_element_type=jnp.float32).astype(w.dtype)
+
+    d_h, d_w = _vocab_pass(step, jnp.zeros(h.shape, jnp.float32), w, vc)
+    return d_h.astype(h.dtype), d_w, None
+
+
+_head_stats.defvjp(_head_stats_fwd, _head_stats_bwd)
 
 
 def completion_logprobs(
@@ -163,6 +250,7 @@ def completion_logprobs(
     shared_prompt: bool = True,
     with_entropy: bool = False,
     chunk_rows: int | None = None,
+    chunk_vocab: int | None = None,
     remat: bool = False,
 ) -> TokenStats:
     """Token log-probs (and entropies) of completions tokens [B,N,T] after prompts [B,S].
@@ -178,8 +266,8 @@ def completion_logprobs(
         completion-only chunked log-probs (False: the reference, prompt repeated N times
         and full logits).
       with_entropy: also return per-token entropies.
-      chunk_rows: rows (of B*N*T) unembedded at once on the shared path; None: ~32 MiB
-        of float32 logits per chunk.
+      chunk_rows, chunk_vocab: rows (of B*N*T) and vocabulary columns unembedded at once
+        on the shared path (see chunked_token_stats; None: the defaults there).
       remat: recompute each layer in the backward pass (less memory, more time).
     Returns:
       TokenStats(logprobs [B,N,T] float32, entropy [B,N,T] float32 or None).
@@ -200,4 +288,4 @@ def completion_logprobs(
     hidden = shared_prompt_hidden(params, config, prompts, prompt_mask, tokens, dtype=dtype,
                                   remat=remat)  # fmt: skip
     return chunked_token_stats(params, config, hidden, tokens, with_entropy=with_entropy,
-                               chunk_rows=chunk_rows)  # fmt: skip
+                               chunk_rows=chunk_rows, chunk_vocab=chunk_vocab)  # fmt: skip

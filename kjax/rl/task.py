@@ -20,7 +20,6 @@ from kjax.rewards import arith
 from kjax.rewards.verdict import NO_ANSWER, PromptVerdict, Verdicts, stack
 from kjax.rl.config import ModelKind, TaskConfig, TaskKind, TrainConfig
 
-
 # A pretrained model's default prompt width S is the longest prompt of the dataset rounded
 # up to this: compute follows the real prompt length (an arith chat prompt of SmolLM2 has
 # 49 tokens: S = 64), and S is fixed for the run, so nothing retraces.

@@ -98,18 +98,22 @@ def test_logprobs_match_the_full_forward_of_each_sequence():
         np.testing.assert_allclose(stats.logprobs[b], want, atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk_rows", [5, 64])
-def test_chunked_stats_equal_plain(chunk_rows):
-    """chunked_token_stats (any chunk size, padded last chunk) vs plain log_softmax of the
-    full unembedding, values and gradients."""
-    config = dataclasses.replace(BASE, tie_embeddings=chunk_rows == 5)
+@pytest.mark.parametrize(
+    "chunk_rows,chunk_vocab,tied",
+    [(5, None, True), (64, None, False), (5, 8, False), (64, 37, True), (None, 16, True)],
+)
+def test_chunked_stats_equal_plain(chunk_rows, chunk_vocab, tied):
+    """chunked_token_stats (any row chunk, padded last one; vocabulary chunks that divide
+    V=37 or leave a tail) vs plain log_softmax of the full unembedding, values and
+    gradients through the hand-written backward."""
+    config = dataclasses.replace(BASE, tie_embeddings=tied)
     params = _params(config, seed=5)
     hidden = jax.random.normal(jax.random.key(1), (2, 3, 7, config.hidden_size))
     targets = jax.random.randint(jax.random.key(2), (2, 3, 7), 0, config.vocab_size)
 
     def chunked(params, hidden):
         s = forward.chunked_token_stats(params, config, hidden, targets, with_entropy=True,
-                                        chunk_rows=chunk_rows)  # fmt: skip
+                                        chunk_rows=chunk_rows, chunk_vocab=chunk_vocab)  # fmt: skip
         return jnp.sum(s.logprobs * jnp.cos(s.entropy)), s
 
     def plain(params, hidden):
@@ -127,28 +131,25 @@ def test_chunked_stats_equal_plain(chunk_rows):
 
 
 def test_chunked_stats_never_hold_all_logits():
-    """Compiled peak memory of value-and-grad grows with the chunk, not with the rows."""
+    """Compiled peak memory of the gradient grows with the chunk, not with rows x V."""
     config = dataclasses.replace(BASE, vocab_size=4096)
     params = _params(config, seed=0)
     targets = jnp.zeros((1024,), jnp.int32)
     hidden = jax.ShapeDtypeStruct((1024, config.hidden_size), jnp.float32)
 
-    def temp_bytes(chunk_rows):
-        f = lambda p, h: jnp.sum(
+    def temp_bytes(chunk_rows, chunk_vocab):
+        f = lambda p, h: jnp.sum(  # noqa: E731
             forward.chunked_token_stats(
-                p,
-                config,
-                h,
-                targets,  # noqa: E731
-                chunk_rows=chunk_rows,
+                p, config, h, targets, chunk_rows=chunk_rows, chunk_vocab=chunk_vocab
             ).logprobs
         )
         compiled = jax.jit(jax.grad(f, argnums=1)).lower(params, hidden).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     full = 1024 * 4096 * 4
-    assert temp_bytes(1024) >= full  # the unchunked computation holds all logits
-    assert temp_bytes(32) < full / 4
+    assert temp_bytes(1024, 4096) >= full  # the unchunked computation holds all logits
+    assert temp_bytes(32, 4096) < full / 4  # chunks of rows
+    assert temp_bytes(1024, 256) < full / 4  # chunks of vocabulary columns
 
 
 def test_sampler_model_logprobs_agree():
