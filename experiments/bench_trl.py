@@ -14,10 +14,13 @@ Prints a Markdown table (median step s, its sample/score/update split, TRL / kja
 writes --out JSON. The goal is TRL / kjax >= 2. A benchmark, not a test: on a shared CPU
 the figures are noisy. Without the TRL env it exits non-zero saying how to make one.
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
-thread count (2; 1 thread is slower when the machine is quiet): 2 x 4 x 16: kjax 6.01 s/step
-(sample 2.68, update 3.38) vs TRL 10.66 s (sample 4.35, update 6.19): 1.77x; 4 x 8 x 64:
-kjax 46.4 s (sample 18.9, update 27.5) vs TRL 75.6 s (sample 28.3, update 47.4): 1.63x.
-The 2x goal is not met; kjax also pads its prompts to 96 tokens where TRL's are 49.
+thread count (2; 1 thread is slower when the machine is quiet), kjax's prompts fitted to the
+data (S = 64; TRL's are 49 tokens unpadded): 2 x 4 x 16, two runs (the first at 2ec25f9,
+before the vocabulary-chunked head: one chunk at this shape either way): kjax 5.12 / 5.50 s/step
+vs TRL 10.73 / 9.24 s: 2.10x / 1.68x (the spread is the machine's); 4 x 8 x 64: kjax 43.0 s
+(sample 17.4, update 24.8) vs TRL 73.1 s (sample 23.1, update 49.6): 1.70x. kjax's update
+is 2.0x TRL's there; its sampler (1.3x) keeps the step under the 2x goal. With S = 96 (the
+old preset) the same runs gave 1.77x and 1.63x.
 """
 
 from __future__ import annotations
