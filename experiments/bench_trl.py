@@ -19,8 +19,8 @@ data (S = 64; TRL's are 49 tokens unpadded): 2 x 4 x 16, two runs (the first at 
 before the vocabulary-chunked head: one chunk at this shape either way): kjax 5.12 / 5.50 s/step
 vs TRL 10.73 / 9.24 s: 2.10x / 1.68x (the spread is the machine's); 4 x 8 x 64: kjax 43.0 s
 (sample 17.4, update 24.8) vs TRL 73.1 s (sample 23.1, update 49.6): 1.70x. kjax's update
-is 2.0x TRL's there; its sampler (1.3x) keeps the step under the 2x goal. With S = 96 (the
-old preset) the same runs gave 1.77x and 1.63x.
+is 2.0x TRL's there; its sampler (1.3x) keeps the step under the 2x goal. Before (S = 96 and the
+row-chunked head, the previous session): 1.77x and 1.63x.
 """
 
 from __future__ import annotations
