@@ -145,7 +145,11 @@ def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
     pad = -R % c
     hs = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, c, D)
     ts = jnp.pad(t, (0, pad)).reshape(-1, c)
-    lp, ent = jax.lax.map(lambda a: _head_stats(a[0], w, a[1], vc, with_entropy), (hs, ts))
+    one = lambda a: _head_stats(a[0], w, a[1], vc, with_entropy)  # noqa: E731
+    if hs.shape[0] == 1:  # one row chunk: no loop to compile
+        lp, ent = jax.tree.map(lambda a: a[None], one((hs[0], ts[0])))
+    else:
+        lp, ent = jax.lax.map(one, (hs, ts))
     unchunk = lambda a: a.reshape(-1)[:R].reshape(lead)  # noqa: E731
     return TokenStats(unchunk(lp), unchunk(ent) if with_entropy else None)
 
@@ -161,7 +165,11 @@ def _vocab_pass(fn, carry, w, vc: int):
     V = w.shape[0]
     full, tail = divmod(V, vc)
     outs = []
-    if full:
+    if full == 1:  # one chunk (small vocabularies, few rows): no loop to compile
+        carry, out = fn(carry, w[:vc] if tail else w, 0)
+        if out is not None:
+            outs.append(out)
+    elif full:
         body = lambda c, i: fn(c, jax.lax.dynamic_slice_in_dim(w, i * vc, vc), i * vc)  # noqa: E731
         carry, out = jax.lax.scan(body, carry, jnp.arange(full))
         if out is not None:
