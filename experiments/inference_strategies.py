@@ -146,8 +146,7 @@ def countdown_task(policy: Policy, data_dir, setup: Setup) -> CountdownTask:
         0,
         policy.task.stop_ids,
     )
-    longest = max(len(task.prompt_ids(e)) for e in [*task.train, *task.test])
-    return dataclasses.replace(task, prompt_len=longest)
+    return task_lib.fit_prompt_len(task, [*task.train, *task.test])
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

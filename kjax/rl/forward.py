@@ -165,19 +165,15 @@ def _vocab_pass(fn, carry, w, vc: int):
     V = w.shape[0]
     full, tail = divmod(V, vc)
     outs = []
-    if full == 1:  # one chunk (small vocabularies, few rows): no loop to compile
-        carry, out = fn(carry, w[:vc] if tail else w, 0)
-        if out is not None:
-            outs.append(out)
-    elif full:
+    if full > 1:
         body = lambda c, i: fn(c, jax.lax.dynamic_slice_in_dim(w, i * vc, vc), i * vc)  # noqa: E731
         carry, out = jax.lax.scan(body, carry, jnp.arange(full))
-        if out is not None:
-            outs.append(out.reshape(full * vc, *out.shape[2:]))
-    if tail:
-        carry, out = fn(carry, w[full * vc :], full * vc)
-        if out is not None:
-            outs.append(out)
+        outs.append(None if out is None else out.reshape(full * vc, *out.shape[2:]))
+    # Static chunks: a lone full one (no loop to compile for small vocabularies), the tail.
+    for start in ([0] if full == 1 else []) + ([full * vc] if tail else []):
+        carry, out = fn(carry, w[start : start + vc], start)
+        outs.append(out)
+    outs = [out for out in outs if out is not None]
     return carry, (jnp.concatenate(outs) if outs else None)
 
 

@@ -187,9 +187,11 @@ def load_task(cfg: TrainConfig, tokenizer, data_dir: str | pathlib.Path) -> Task
     task = implementation(tokenizer, source["train"], test, t.max_prompt_tokens or prompt_len, stop)
     if task.prompt_len:
         return task
-    train = source["train"]
-    longest = max(
-        len(task.prompt_ids(e))
-        for e in itertools.chain((loader.decode(train[i]) for i in range(len(train))), test)
-    )
-    return dataclasses.replace(task, prompt_len=-(-longest // _PROMPT_BUCKET) * _PROMPT_BUCKET)
+    train = (loader.decode(source["train"][i]) for i in range(len(source["train"])))
+    return fit_prompt_len(task, itertools.chain(train, test), bucket=_PROMPT_BUCKET)
+
+
+def fit_prompt_len(task: Task, examples, bucket: int = 1) -> Task:
+    """task with prompt_len = its longest prompt over examples, rounded up to `bucket`."""
+    longest = max(len(task.prompt_ids(e)) for e in examples)
+    return dataclasses.replace(task, prompt_len=-(-longest // bucket) * bucket)
