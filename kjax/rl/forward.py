@@ -109,9 +109,7 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
         out = jnp.concatenate([out_p, out_c.reshape(B, N * T, H, E)], axis=1)
         return llama.layer_out(layer, config, x, out), None
 
-    if remat:
-        block = jax.checkpoint(block)
-    x, _ = jax.lax.scan(block, llama.embed(params, ids, dtype), params["layers"])
+    x = llama.scan_layers(block, llama.embed(params, ids, dtype), params["layers"], remat=remat)
     D = x.shape[-1]
     xp, xc = x[:, :S], x[:, S:].reshape(B, N, T, D)
     last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]
