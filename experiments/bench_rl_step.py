@@ -16,10 +16,12 @@ repeated N times, logits at every position: shared_prompt=False) and the new one
 once, completion-only chunked log-probs), interleaved in one run, with each compiled
 computation's peak temporary memory (XLA memory_analysis). smollm2 here: the SmolLM2-135M
 shape (V=49152, 30 layers), B=2 prompts of S=128 tokens, N=8, T=64.
-Measured so (2026-12-01, quiet 2-core machine, one run, `--shapes= --paths=smollm2,tiny_arith`):
-smollm2 reference 31.48 s vs shared 13.80 s (2.28x), peak temporaries 7,691 vs 3,215 MiB;
-tiny_arith 2.11x. The paths' matmul FLOPs differ by 2.51x (2,601 vs 1,037 GFLOP), so on a
-compute-bound CPU that is the ceiling at this shape; the shared path runs at 71.5% MFU.
+Measured so (2026-12-01, quiet 2-core machine, one run, `--shapes= --paths=smollm2`): at
+a7a7897 (named residuals) smollm2 reference 33.09 s vs shared 13.51 s (2.45x), peak
+temporaries 3,808 vs 1,241 MiB; before it (cb4ed09) 31.48 vs 13.80 s (2.28x), 7,691 vs
+3,215 MiB, tiny_arith 2.11x. The paths' matmul FLOPs differ by 2.51x (2,601 vs 1,037
+GFLOP), so on a compute-bound CPU that is the ceiling at this shape (both run at 68-70% MFU):
+the 3x goal needs fewer FLOPs than the shared path's, not a faster kernel.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ before the vocabulary-chunked head: one chunk at this shape either way): kjax 5.
 vs TRL 10.73 / 9.24 s: 2.10x / 1.68x (the spread is the machine's); 4 x 8 x 64: kjax 43.0 s
 (sample 17.4, update 24.8) vs TRL 73.1 s (sample 23.1, update 49.6): 1.70x. kjax's update
 is 2.0x TRL's there; its sampler (1.3x) keeps the step under the 2x goal. Before (S = 96 and the
-row-chunked head, the previous session): 1.77x and 1.63x.
+row-chunked head, the previous session): 1.77x and 1.63x. At a7a7897 (named residuals), 2 x 4
+x 16, one run on a machine ~30% slower for both sides than the runs above: kjax 6.91 s
+(sample 3.86, update 3.19) vs TRL 13.01 s (sample 5.17, update 7.83): 1.88x; the update is
+2.45x TRL's, the sampler 1.34x.
 """
 
 from __future__ import annotations
