@@ -8,6 +8,7 @@ from flax import nnx
 
 from kjax.models import Llama, LlamaConfig, decode_step, forward, prefill
 from kjax.models import llama as L
+from kjax.models.weights import hf_to_params
 from tests.models.hf_reference import hf_logits, kjax_from_hf, random_hf_model
 
 LLAMA3_ROPE = {
@@ -164,6 +165,15 @@ def _nll(logits, tokens, mask):
     return -jnp.sum(picked * w) / jnp.sum(w)
 
 
+def _torch_grads_in_kjax_layout(hf, config):
+    """PyTorch's .grad of every parameter, through the weights' name map (gradients map
+    to kjax's layout exactly as the weights do: reshapes and transposes)."""
+    grads = {k: p.grad.detach().numpy() for k, p in hf.named_parameters()}
+    if config.tie_embeddings:  # one tensor in torch: its grad holds both uses
+        grads.pop("lm_head.weight", None)
+    return hf_to_params(grads, config)
+
+
 @pytest.mark.parametrize("name", ["gqa", "tied"])
 def test_gradients_match_transformers(name):
     """The default backward (named residuals, elementwise recompute) against PyTorch's
@@ -195,7 +205,6 @@ def test_gradients_match_transformers(name):
     picked = logp.gather(-1, t[:, 1:, None])[..., 0]
     w = torch.tensor(mask[:, 1:], dtype=torch.float64)
     (-(picked * w).sum() / w.sum()).backward()
-    # Gradients map to kjax's layout exactly as the weights do (reshapes and transposes).
     ref = _torch_grads_in_kjax_layout(hf, model.config)
     flat, flat_ref = jax.tree.leaves_with_path(grads), dict(jax.tree.leaves_with_path(ref))
     for path, g in flat:
@@ -203,15 +212,6 @@ def test_gradients_match_transformers(name):
         scale = float(np.abs(r).max())
         assert scale > 1e-4, path  # every parameter gets a gradient
         np.testing.assert_allclose(np.asarray(g), r, atol=2e-5 * scale, err_msg=str(path))
-
-
-def _torch_grads_in_kjax_layout(hf, config):
-    from kjax.models.weights import hf_to_params
-
-    grads = {k: p.grad.detach().numpy() for k, p in hf.named_parameters()}
-    if config.tie_embeddings:  # one tensor in torch: its grad holds both uses
-        grads.pop("lm_head.weight", None)
-    return jax.tree.map(jnp.asarray, hf_to_params(grads, config))
 
 
 def test_backward_keeps_only_the_named_residuals():
