@@ -2,17 +2,27 @@
 
   python -m experiments.bench_sampler [--shapes=8x8,64x1 --prompt_len=64 --new_tokens=64]
       [--model=smollm2|llama3_1b --dtype=float32|bfloat16 --out=F.json]
+      [--tunix_python=/tmp/tunixenv/bin/python]  (or $KJAX_TUNIX_PYTHON)
 
 Random weights of the real shape (throughput does not depend on their values; no stop ids,
 so every sample runs all T tokens). Prints Markdown tables: new tokens/s of both at the same
 B x N, prefill time for N = 1 vs N = 16, KV-cache bytes, and the fraction of this machine's
-measured float32 matmul peak and memory bandwidth. A benchmark, not a test: it prints
-figures, and on a shared CPU they are noisy (run it on a quiet machine to compare).
+measured float32 matmul peak and memory bandwidth. With a Tunix environment's python
+(`python3 -m venv /tmp/tunixenv && /tmp/tunixenv/bin/pip install google-tunix`; Tunix and its
+pinned jax never enter kjax's env) it also times Tunix's Sampler on its own Llama3 at the
+same shapes (bench/tunix_sampler.py, smollm2 float32 only; it repeats each prompt N times).
+A benchmark, not a test: it prints figures, and on a shared CPU they are noisy (run it on a
+quiet machine to compare).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import pathlib
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -37,6 +47,8 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "kjax param and c
 flags.DEFINE_float("bandwidth_gbs", 0.0, "Memory bandwidth for the roofline (0: measured; "
                    "known accelerators use their HBM figure).")  # fmt: skip
 flags.DEFINE_string("out", "", "Also write the kjax figures as JSON here.")
+flags.DEFINE_string("tunix_python", os.environ.get("KJAX_TUNIX_PYTHON", ""),
+                    "A python with google-tunix installed: also time Tunix's Sampler.")  # fmt: skip
 FLAGS = flags.FLAGS
 
 SMOLLM2_135M = LlamaConfig(
@@ -51,6 +63,7 @@ LLAMA3_1B = LlamaConfig(  # Llama-3.2-1B's shape
     tie_embeddings=True, bos_id=128000, eos_ids=(128001,), max_position_embeddings=131072,
 )  # fmt: skip
 _HBM_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # datasheet HBM bandwidth
+_TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "bench" / "tunix_sampler.py"
 
 
 def best_time(fn, repeats: int) -> float:
@@ -114,6 +127,21 @@ def hf_timings(weights_dir: str, jobs: list[tuple[int, int, int, int]], repeats:
     return out
 
 
+def tunix_timings(python: str, jobs: list[tuple[int, int, int, int]], repeats: int) -> list:
+    """Seconds of Tunix's Sampler per (B, N, S, T) job, run by bench/tunix_sampler.py in the
+    Tunix environment's python (after kjax's timings, so the two never share the cores)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "tunix.json")
+        spec = ",".join("x".join(map(str, job)) for job in jobs)
+        cmd = [python, str(_TUNIX_SCRIPT), f"--jobs={spec}", f"--repeats={repeats}", f"--out={out}"]
+        print("Tunix:", " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, stdout=sys.stderr)  # keep stdout for the tables
+        if done.returncode != 0:
+            sys.exit(f"bench_sampler: the Tunix side failed (exit {done.returncode}); see above.")
+        with open(out) as f:
+            return [row["seconds"] for row in json.load(f)["jobs"]]
+
+
 def main(_):
     S, T, repeats = FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats
     c = SMOLLM2_135M if FLAGS.model == "smollm2" else LLAMA3_1B
@@ -155,6 +183,9 @@ def main(_):
             ctx = multiprocessing.get_context("spawn")  # a fresh process without XLA threads
             with ctx.Pool(1) as pool:
                 theirs = pool.apply(hf_timings, (weights_dir, jobs, 1))
+    tunix = [float("nan")] * len(shapes)
+    if FLAGS.tunix_python and FLAGS.model == "smollm2" and dtype == jnp.float32:
+        tunix = tunix_timings(FLAGS.tunix_python, jobs[: len(shapes)], repeats)
 
     print(
         f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s, memory "
@@ -163,20 +194,23 @@ def main(_):
     print(f"{FLAGS.model} shape, {FLAGS.dtype}, random weights, S = {S}, T = {T}, "
           "temperature 1, no stop ids")  # fmt: skip
     rows = []
-    print("| B x N | kjax tok/s | transformers tok/s | speedup | kjax compile s | "
-          "% matmul peak | % bandwidth | KV bytes kjax | KV bytes, cache per sample |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (B, N), hf_s in zip(shapes, theirs, strict=False):
-        tok_s, hf_tok_s = B * N * T / ours[B, N], B * N * T / hf_s
+    print("| B x N | kjax tok/s | transformers tok/s | speedup | Tunix tok/s | vs Tunix | "
+          "kjax compile s | % matmul peak | % bandwidth | KV bytes kjax | "
+          "KV bytes, cache per sample |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (B, N), hf_s, tx_s in zip(shapes, theirs, tunix, strict=False):
+        tok_s, hf_tok_s, tx_tok_s = B * N * T / ours[B, N], B * N * T / hf_s, B * N * T / tx_s
         flop_frac = tok_s * flops_per_token(c, S + T // 2) / peak
         kv = kv_bytes(c, B, N, S, T, dtype.itemsize)
         # A decode step reads every weight once plus, on average, half the final K/V.
         bw_frac = (tok_s / (B * N)) * (param_bytes + kv["kjax"] / 2) / bandwidth
         print(f"| {B} x {N} | {tok_s:.0f} | {hf_tok_s:.0f} | {tok_s / hf_tok_s:.1f}x | "
-              f"{compile_s[B, N]:.0f} | {100 * flop_frac:.0f}% | {100 * bw_frac:.0f}% | "
+              f"{tx_tok_s:.0f} | {tok_s / tx_tok_s:.1f}x | {compile_s[B, N]:.0f} | "
+              f"{100 * flop_frac:.0f}% | {100 * bw_frac:.0f}% | "
               f"{kv['kjax'] / 2**20:.1f} MiB | {kv['per_sample'] / 2**20:.1f} MiB |")  # fmt: skip
         rows.append({"B": B, "N": N, "S": S, "T": T, "kjax_tok_s": tok_s,
-                     "transformers_tok_s": hf_tok_s, "compile_s": compile_s[B, N],
+                     "transformers_tok_s": hf_tok_s, "tunix_tok_s": tx_tok_s,
+                     "compile_s": compile_s[B, N],
                      "matmul_peak_fraction": flop_frac, "bandwidth_fraction": bw_frac})  # fmt: skip
     print(f"\nPrefill: the whole call at T = 1 (prefill + first draw), B = 8, S = {S}")
     print("| N | kjax s | transformers s |")
@@ -184,8 +218,6 @@ def main(_):
     for N, hf_s in zip((1, 16), theirs[-2:], strict=True):
         print(f"| {N} | {prefill[N]:.3f} | {hf_s:.3f} |")
     if FLAGS.out:
-        import json
-
         with open(FLAGS.out, "w") as f:
             json.dump({"model": FLAGS.model, "dtype": FLAGS.dtype, "device": kind,
                        "bandwidth_gbs": bandwidth / 1e9, "peak_gflops_measured": peak / 1e9,
