@@ -12,7 +12,9 @@ measured float32 matmul peak and memory bandwidth. With a Tunix environment's py
 pinned jax never enter kjax's env) it also times Tunix's Sampler on its own Llama3 at the
 same shapes (bench/tunix_sampler.py, smollm2 float32 only; it repeats each prompt N times).
 A benchmark, not a test: it prints figures, and on a shared CPU they are noisy (run it on a
-quiet machine to compare).
+quiet machine to compare). One run with Tunix (2026-12-01, quiet 2-core machine, smollm2,
+float32, S = T = 64; matmul peak 117 GFLOP/s): 8 x 8 kjax 164 tok/s, transformers 91, Tunix
+86; 64 x 1 kjax 120, transformers 95, Tunix 88. Compile: kjax 35-42 s, Tunix 55-61 s.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ is 2.0x TRL's there; its sampler (1.3x) keeps the step under the 2x goal. Before
 row-chunked head, the previous session): 1.77x and 1.63x. At a7a7897 (named residuals), 2 x 4
 x 16, one run on a machine ~30% slower for both sides than the runs above: kjax 6.91 s
 (sample 3.86, update 3.19) vs TRL 13.01 s (sample 5.17, update 7.83): 1.88x; the update is
-2.45x TRL's, the sampler 1.34x.
+2.45x TRL's, the sampler 1.34x. Same code, a later run (quieter): kjax 5.40 s (sample 2.70,
+update 2.58) vs TRL 11.16 s (sample 4.42, update 6.70): 2.07x.
 """
 
 from __future__ import annotations
