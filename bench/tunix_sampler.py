@@ -1,11 +1,13 @@
 """Tunix's side of `experiments.bench_sampler --tunix_python=...`: its Sampler, timed.
 
-  /tmp/tunixenv/bin/python bench/tunix_sampler.py --jobs=64x1x64x64,8x8x64x64 --out=t.json
+  /tmp/tunixenv/bin/python bench/tunix_sampler.py --config='{"num_layers": 30, ...}' \
+      --jobs=64x1x64x64,8x8x64x64 --out=t.json
 
 Run by a separate environment's python holding google-tunix (and the jax/flax it pins;
 never kjax): `python3 -m venv /tmp/tunixenv && /tmp/tunixenv/bin/pip install google-tunix`.
-The model is Tunix's own Llama3 (`tunix.models.llama3.model.Llama3`) at the SmolLM2-135M
-shape with random weights (`create_dummy_model`), float32, as kjax's side uses. Each job
+The model is Tunix's own Llama3 (`tunix.models.llama3.model.Llama3`) with random weights
+(`create_dummy_model`), float32, at the shape --config gives as Tunix ModelConfig fields
+(bench_sampler derives them from the kjax LlamaConfig it times, so both sides share one). Each job
 B x N x S x T feeds B random prompts of S tokens, each repeated N times (Tunix has no
 grouped sampling), and asks for T new tokens, temperature 1 over the whole vocabulary
 (Tunix's top-p mode at top_p = 1). The tokenizer is a stand-in that reads prompts as
@@ -29,11 +31,7 @@ from tunix.generate import sampler as sampler_lib
 from tunix.models import dummy_model_creator
 from tunix.models.llama3 import model as llama3
 
-SMOLLM2_135M = dict(
-    num_layers=30, vocab_size=49152, embed_dim=576, hidden_dim=1536, num_heads=9, head_dim=64,
-    num_kv_heads=3, rope_theta=100000, norm_eps=1e-5, weight_tying=True,
-)  # fmt: skip
-PAD, BOS, EOS = 0, 1, 49151
+PAD, BOS = 0, 1
 
 
 class IdTokenizer:
@@ -48,8 +46,11 @@ class IdTokenizer:
     def bos_id(self) -> int:
         return BOS
 
+    def __init__(self, eos: int):
+        self.eos = eos
+
     def eos_id(self) -> int:
-        return EOS
+        return self.eos
 
     def pad_id(self) -> int:
         return PAD
@@ -57,11 +58,13 @@ class IdTokenizer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="Tunix Llama3 ModelConfig fields, JSON")
     parser.add_argument("--jobs", default="64x1x64x64,8x8x64x64", help="BxNxSxT, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    config = llama3.ModelConfig(**SMOLLM2_135M)
+    config = llama3.ModelConfig(**json.loads(args.config))
+    eos = config.vocab_size - 1
     model = dummy_model_creator.create_dummy_model(llama3.Llama3, config, dtype=jnp.float32)
     rng = np.random.default_rng(0)
     result = {"tunix_jax": jax.__version__, "device": jax.devices()[0].device_kind, "jobs": []}
@@ -71,9 +74,9 @@ def main() -> None:
             cache_size=S + T, num_layers=config.num_layers, num_kv_heads=config.num_kv_heads,
             head_dim=config.head_dim,
         )  # fmt: skip
-        sampler = sampler_lib.Sampler(model, IdTokenizer(), cache)
+        sampler = sampler_lib.Sampler(model, IdTokenizer(eos), cache)
         # S - 1 random ids (the sampler prepends BOS), none of them PAD, BOS or EOS.
-        prompts = [" ".join(map(str, rng.integers(2, EOS, S - 1))) for _ in range(B)]
+        prompts = [" ".join(map(str, rng.integers(2, eos, S - 1))) for _ in range(B)]
         strings = [p for p in prompts for _ in range(N)]
 
         def run(sampler=sampler, strings=strings, S=S, T=T):

@@ -10,7 +10,7 @@ B x N, prefill time for N = 1 vs N = 16, KV-cache bytes, and the fraction of thi
 measured float32 matmul peak and memory bandwidth. With a Tunix environment's python
 (`python3 -m venv /tmp/tunixenv && /tmp/tunixenv/bin/pip install google-tunix`; Tunix and its
 pinned jax never enter kjax's env) it also times Tunix's Sampler on its own Llama3 at the
-same shapes (bench/tunix_sampler.py, smollm2 float32 only; it repeats each prompt N times).
+same shapes (bench/tunix_sampler.py; smollm2, float32; it repeats each prompt N times).
 A benchmark, not a test: it prints figures, and on a shared CPU they are noisy (run it on a
 quiet machine to compare). One run with Tunix (2026-12-01, quiet 2-core machine, smollm2,
 float32, S = T = 64; matmul peak 117 GFLOP/s): 8 x 8 kjax 164 tok/s, transformers 91, Tunix
@@ -129,13 +129,20 @@ def hf_timings(weights_dir: str, jobs: list[tuple[int, int, int, int]], repeats:
     return out
 
 
-def tunix_timings(python: str, jobs: list[tuple[int, int, int, int]], repeats: int) -> list:
-    """Seconds of Tunix's Sampler per (B, N, S, T) job, run by bench/tunix_sampler.py in the
-    Tunix environment's python (after kjax's timings, so the two never share the cores)."""
+def tunix_timings(python: str, c: LlamaConfig, jobs: list[tuple[int, int, int, int]],
+                  repeats: int) -> list:  # fmt: skip
+    """Seconds of Tunix's Sampler per (B, N, S, T) job on config c's shape, run by
+    bench/tunix_sampler.py in the Tunix environment's python (after kjax's timings, so the
+    two never share the cores)."""
+    shape = dict(num_layers=c.num_layers, vocab_size=c.vocab_size, embed_dim=c.hidden_size,
+                 hidden_dim=c.intermediate_size, num_heads=c.num_heads, head_dim=c.head_dim,
+                 num_kv_heads=c.num_kv_heads, rope_theta=c.rope_theta, norm_eps=c.rms_norm_eps,
+                 weight_tying=c.tie_embeddings)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tunix.json")
         spec = ",".join("x".join(map(str, job)) for job in jobs)
-        cmd = [python, str(_TUNIX_SCRIPT), f"--jobs={spec}", f"--repeats={repeats}", f"--out={out}"]
+        cmd = [python, str(_TUNIX_SCRIPT), f"--config={json.dumps(shape)}", f"--jobs={spec}",
+               f"--repeats={repeats}", f"--out={out}"]  # fmt: skip
         print("Tunix:", " ".join(cmd), flush=True)
         done = subprocess.run(cmd, stdout=sys.stderr)  # keep stdout for the tables
         if done.returncode != 0:
@@ -186,8 +193,9 @@ def main(_):
             with ctx.Pool(1) as pool:
                 theirs = pool.apply(hf_timings, (weights_dir, jobs, 1))
     tunix = [float("nan")] * len(shapes)
-    if FLAGS.tunix_python and FLAGS.model == "smollm2" and dtype == jnp.float32:
-        tunix = tunix_timings(FLAGS.tunix_python, jobs[: len(shapes)], repeats)
+    # Tunix's Llama3 has no RoPE scaling (Llama-3.2-1B's shape needs it) and is timed in float32.
+    if FLAGS.tunix_python and c.rope_scaling is None and dtype == jnp.float32:
+        tunix = tunix_timings(FLAGS.tunix_python, c, jobs[: len(shapes)], repeats)
 
     print(
         f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s, memory "
