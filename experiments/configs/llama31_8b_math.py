@@ -24,6 +24,7 @@ from kjax.rl.config import (
     OffPolicyMaxAtK,
     OptimizerConfig,
     PolicyLoss,
+    RatioLevel,
     StepConfig,
     TaskConfig,
     TaskKind,
@@ -45,6 +46,7 @@ BASE = TrainConfig(
         minibatches=2,
         microbatches=8,
         tis_cap=2.0,
+        ratio_level=RatioLevel.SEQUENCE,  # the exact off-policy update needs it
         offpolicy_max_at_k=OffPolicyMaxAtK.EXACT,
     ),
     optimizer=OptimizerConfig(

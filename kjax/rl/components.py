@@ -151,6 +151,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         shardings_of(state),
         dtype=dtype,
         reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
+        temperature=cfg.temperature,
     )
     sampler = functools.partial(
         sample_params,

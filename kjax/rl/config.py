@@ -31,6 +31,7 @@ from kjax.rl.step_config import (
     OffPolicyMaxAtK,
     OptimizerConfig,
     PolicyLoss,
+    RatioLevel,
     StepConfig,
 )
 
@@ -53,6 +54,7 @@ __all__ = [
     "Operator",
     "OptimizerConfig",
     "PolicyLoss",
+    "RatioLevel",
     "SFTConfig",
     "SFTLoss",
     "StepConfig",

@@ -3,7 +3,7 @@
 RL losses return (scalar loss, metrics). Score-function surrogates (policy gradient, PPO)
 SUM over the N samples of a prompt and average over B, because kjax advantages are in the
 sum convention (kjax.rl.objective); expectations (KL, entropy) average over B and N. The
-option enums (LossAggregation, KLEstimator) are defined in kjax.rl.step_config.
+option enums (LossAggregation, KLEstimator, RatioLevel) are defined in kjax.rl.step_config.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kjax.rl.step_config import KLEstimator, LossAggregation  # re-exported: losses.X
+from kjax.rl.step_config import (  # re-exported: losses.X
+    KLEstimator,
+    LossAggregation,
+    RatioLevel,
+)
 
 Metrics = dict[str, jax.Array]
 
@@ -142,6 +146,28 @@ def policy_gradient_loss(
     return loss, metrics
 
 
+def _clipped_objective(ratio, adv, epsilon, dual_clip):
+    """PPO's min(rho A, clip(rho) A), with the dual clip max(., c A) for A < 0; elementwise.
+    Returns (objective, is_clipped, is_dual)."""
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv
+    obj = jnp.minimum(unclipped, clipped)
+    is_clipped = clipped < unclipped
+    is_dual = jnp.zeros(obj.shape, bool)
+    if dual_clip is not None:
+        floor = dual_clip * adv
+        is_dual = (adv < 0) & (floor > obj)
+        obj = jnp.where(adv < 0, jnp.maximum(obj, floor), obj)
+    return obj, is_clipped, is_dual
+
+
+# Largest sequence log-ratio exponentiated: exp(60) ~ 1e26 stays finite in float32 times any
+# advantage, so a runaway sample cannot turn the loss (or, through exp's gradient, every
+# other gradient) into inf/nan. Beyond it the ratio's gradient is 0; such a sample is
+# clipped anyway unless its advantage is negative and no dual clip is set.
+_MAX_SEQ_LOG_RATIO = 60.0
+
+
 def ppo_clip_loss(
     logprobs: jax.Array,
     old_logprobs: jax.Array,
@@ -153,27 +179,38 @@ def ppo_clip_loss(
     dual_clip: float | None = None,
     max_len: int | None = None,
     is_weights: jax.Array | None = None,
+    ratio_level: RatioLevel = RatioLevel.TOKEN,
 ) -> tuple[jax.Array, Metrics]:
     """PPO clipped-ratio surrogate (Schulman et al. 2017), optional dual clip (Ye et al. 2020).
 
-    Per token, with rho = exp(logprobs - old_logprobs):
-      obj = min(rho A, clip(rho, 1 - eps, 1 + eps) A); with dual clip c > 1 and A < 0,
-      obj = max(obj, c A). The loss is -(1/B) sum_{b,i} agg_t[w obj] as in
-      policy_gradient_loss; d loss / d logprobs = -w A rho (aggregation weight) / B where
-      unclipped and exactly 0 where clipped (A > 0, rho > 1+eps; A < 0, rho < 1-eps;
+    ratio_level=TOKEN: per token, with rho_t = exp(logprobs_t - old_logprobs_t),
+      obj_t = min(rho_t A, clip(rho_t, 1 - eps, 1 + eps) A); with dual clip c > 1 and A < 0,
+      obj_t = max(obj_t, c A). The loss is -(1/B) sum_{b,i} agg_t[w obj_t] as in
+      policy_gradient_loss; d loss / d logprobs_t = -w A rho_t (aggregation weight) / B
+      where unclipped and exactly 0 where clipped (A > 0, rho > 1+eps; A < 0, rho < 1-eps;
       A < 0, rho > c).
+    ratio_level=SEQUENCE: one ratio per sample, rho = exp(sum_t mask (logprobs -
+      old_logprobs)), clipped (and dual-clipped) once: obj = min(rho A, clip(rho) A). The
+      loss is -(1/B) sum_{b,i} s_bi obj_bi with s the aggregation's per-sequence scale (1
+      for TOKEN_SUM, 1/T_max for CONSTANT_NORMALIZER, 1/L_i for SEQ_MEAN_TOKEN_MEAN), so
+      where unclipped d loss / d logprobs_t = -s A rho / B for every token of the sample:
+      the importance-weighted score function rho A grad log pi(y), which off-policy max@k
+      needs (kjax.objectives.offpolicy). is_weights are then per sample, [B, N].
 
     Args:
       logprobs: [B, N, T] float, current policy (differentiated).
       old_logprobs: [B, N, T] float, the policy that produced the advantages (constant).
       advantages: [B, N] float. mask: [B, N, T] bool.
       epsilon: static float in (0, 1). dual_clip: static float > 1, or None.
-      aggregation, max_len, is_weights: as in policy_gradient_loss.
+      aggregation, max_len: as in policy_gradient_loss.
+      is_weights: optional weights under stop_gradient, [B, N, T] with TOKEN, [B, N] with
+        SEQUENCE (truncated_importance_weights at the same ratio_level).
+      ratio_level: RatioLevel.TOKEN or SEQUENCE (static).
 
     Returns:
-      (scalar loss, metrics: ppo_loss, clip_fraction (tokens with zero gradient from the
-      epsilon clip), dual_clip_fraction, approx_kl (k3 estimate of KL(old || new) per
-      token), ratio_mean, ratio_max).
+      (scalar loss, metrics: ppo_loss, clip_fraction (tokens, or samples with SEQUENCE,
+      whose gradient the epsilon clip zeroes), dual_clip_fraction, approx_kl (k3 estimate of
+      KL(old || new) per token, or per sequence with SEQUENCE), ratio_mean, ratio_max).
     """
     logprobs, mask, advantages = _check_tokens(logprobs, mask, advantages)
     old_logprobs = _check_like(old_logprobs, "old_logprobs", logprobs, "logprobs")
@@ -181,52 +218,69 @@ def ppo_clip_loss(
         raise ValueError(f"`epsilon` must be a float in (0, 1); got {epsilon!r}.")
     if dual_clip is not None and not (isinstance(dual_clip, (int, float)) and dual_clip > 1):
         raise ValueError(f"`dual_clip` must be a float > 1 or None; got {dual_clip!r}.")
+    if not isinstance(ratio_level, RatioLevel):
+        raise ValueError(f"`ratio_level` must be a RatioLevel; got {ratio_level!r}.")
 
-    adv = jax.lax.stop_gradient(_float(advantages))[..., None]
+    adv = jax.lax.stop_gradient(_float(advantages))
     log_ratio = _float(logprobs) - jax.lax.stop_gradient(_float(old_logprobs))
     log_ratio = jnp.where(mask, log_ratio, 0.0)  # padding could overflow exp
-    ratio = jnp.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + epsilon) * adv
-    obj = jnp.minimum(unclipped, clipped)
-    is_clipped = clipped < unclipped
-    is_dual = jnp.zeros_like(mask)
-    if dual_clip is not None:
-        floor = dual_clip * adv
-        is_dual = (adv < 0) & (floor > obj)
-        obj = jnp.where(adv < 0, jnp.maximum(obj, floor), obj)
-    loss = _surrogate(_weights(is_weights, logprobs) * obj, mask, aggregation, max_len)
+    if ratio_level is RatioLevel.SEQUENCE:
+        weights = 1.0
+        if is_weights is not None:
+            weights = jax.lax.stop_gradient(
+                _check_like(is_weights, "is_weights", advantages, "advantages")
+            )
+        log_ratio = jnp.minimum(jnp.sum(log_ratio, axis=-1), _MAX_SEQ_LOG_RATIO)  # [B, N]
+        ratio = jnp.exp(log_ratio)
+        obj, is_clipped, is_dual = _clipped_objective(ratio, adv, epsilon, dual_clip)
+        ones = jnp.ones(mask.shape, obj.dtype)
+        lengths = jnp.sum(mask, axis=-1)
+        scale = aggregate_tokens(ones, mask, aggregation, max_len) / jnp.maximum(lengths, 1)
+        loss = -jnp.mean(jnp.sum(weights * scale * obj, axis=1))
+        valid = lengths > 0
+    else:
+        ratio = jnp.exp(log_ratio)
+        obj, is_clipped, is_dual = _clipped_objective(ratio, adv[..., None], epsilon, dual_clip)
+        loss = _surrogate(_weights(is_weights, logprobs) * obj, mask, aggregation, max_len)
+        valid = mask
 
     ratio_ng = jax.lax.stop_gradient(ratio)
     metrics = {
         "ppo_loss": loss,
-        "clip_fraction": masked_mean(is_clipped & ~is_dual, mask),
-        "dual_clip_fraction": masked_mean(is_dual, mask),
-        "approx_kl": masked_mean(ratio_ng - 1.0 - jax.lax.stop_gradient(log_ratio), mask),
-        "ratio_mean": masked_mean(ratio_ng, mask),
-        "ratio_max": jnp.max(jnp.where(mask, ratio_ng, 0.0)),
+        "clip_fraction": masked_mean(is_clipped & ~is_dual, valid),
+        "dual_clip_fraction": masked_mean(is_dual, valid),
+        "approx_kl": masked_mean(ratio_ng - 1.0 - jax.lax.stop_gradient(log_ratio), valid),
+        "ratio_mean": masked_mean(ratio_ng, valid),
+        "ratio_max": jnp.max(jnp.where(valid, ratio_ng, 0.0)),
     }
     return loss, metrics
 
 
 def truncated_importance_weights(
-    old_logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array, cap: float = 2.0
+    old_logprobs: jax.Array,
+    sampler_logprobs: jax.Array,
+    mask: jax.Array,
+    cap: float = 2.0,
+    ratio_level: RatioLevel = RatioLevel.TOKEN,
 ) -> tuple[jax.Array, Metrics]:
-    """Truncated IS weights min(pi_train_old / pi_sampler, cap) per token, under stop_gradient.
+    """Truncated IS weights min(pi_train_old / pi_sampler, cap), under stop_gradient.
 
     Corrects the mismatch between the inference engine's token probabilities and the
     trainer's for the same parameters (Yao et al. 2025, "Your efficient RL framework
     secretly brings you off-policy RL training"); truncation as in IMPALA (Espeholt et al.
     2018). Pass the result as `is_weights` to policy_gradient_loss or ppo_clip_loss.
+    TOKEN: one weight per token; SEQUENCE: one per sample, of the sequence ratio
+    exp(sum_t mask (old - sampler)), for ppo_clip_loss(ratio_level=SEQUENCE).
 
     Args:
       old_logprobs: [B, N, T] float, the trainer's log-probs of the rollout (before update).
       sampler_logprobs: [B, N, T] float, the sampler's log-probs of the same tokens.
-      mask: [B, N, T] bool. cap: static float > 0.
+      mask: [B, N, T] bool. cap: static float > 0. ratio_level: RatioLevel (static).
 
     Returns:
-      (weights [B, N, T], 1 on padding; metrics: tis_weight_mean, tis_truncated_fraction,
-      sampler_kl (k3 estimate of KL(sampler || trainer) per token)).
+      (weights [B, N, T] with 1 on padding, or [B, N] with SEQUENCE; metrics:
+      tis_weight_mean, tis_truncated_fraction, sampler_kl (k3 estimate of
+      KL(sampler || trainer) per token, or per sequence with SEQUENCE)).
     """
     old_logprobs, mask = _check_tokens(old_logprobs, mask)
     sampler_logprobs = _check_like(
@@ -234,14 +288,19 @@ def truncated_importance_weights(
     )
     if not (isinstance(cap, (int, float)) and cap > 0):
         raise ValueError(f"`cap` must be a positive float; got {cap!r}.")
+    if not isinstance(ratio_level, RatioLevel):
+        raise ValueError(f"`ratio_level` must be a RatioLevel; got {ratio_level!r}.")
     log_w = jnp.where(mask, _float(old_logprobs) - _float(sampler_logprobs), 0.0)
     log_w = jax.lax.stop_gradient(log_w)
+    valid = mask
+    if ratio_level is RatioLevel.SEQUENCE:
+        log_w, valid = jnp.sum(log_w, axis=-1), jnp.any(mask, axis=-1)
     weights = jnp.exp(jnp.minimum(log_w, math.log(cap)))  # min before exp: no overflow
     clipped_log_w = jnp.clip(log_w, -20.0, 20.0)  # the metric only; keeps it finite
     metrics = {
-        "tis_weight_mean": masked_mean(weights, mask),
-        "tis_truncated_fraction": masked_mean(log_w > math.log(cap), mask),
-        "sampler_kl": masked_mean(jnp.expm1(clipped_log_w) - clipped_log_w, mask),
+        "tis_weight_mean": masked_mean(weights, valid),
+        "tis_truncated_fraction": masked_mean(log_w > math.log(cap), valid),
+        "sampler_kl": masked_mean(jnp.expm1(clipped_log_w) - clipped_log_w, valid),
     }
     return weights, metrics
 

@@ -51,11 +51,33 @@ class KLEstimator(enum.Enum):
     K3 = "k3"
 
 
+class RatioLevel(enum.Enum):
+    """Where PPO's importance ratio pi_theta / pi_old is taken and clipped.
+
+    TOKEN     rho_t = pi(y_t | y_<t) / pi_old(y_t | y_<t), one per token, each clipped and
+              multiplied by the sample's advantage (Schulman et al. 2017; what GRPO does).
+              Its gradient is sum_t rho_t A grad log pi(y_t | y_<t), which is NOT
+              rho(y) A grad log pi(y) once the policy has moved and T > 1.
+    SEQUENCE  rho = prod_t rho_t = exp(sum_t mask (log pi - log pi_old)), one per sample,
+              clipped once (as GSPO does, without its 1/|y| length normalisation): the
+              surrogate rho A' has gradient rho A' grad log pi(y), the importance-weighted
+              score function. Off-policy max@k (OffPolicyMaxAtK EXACT, LINEAR) needs it:
+              its re-weighted advantage A'_i multiplies the sample's sequence ratio
+              (kjax/objectives/offpolicy.py has the derivation).
+    """
+
+    TOKEN = "token"
+    SEQUENCE = "sequence"
+
+
 class OffPolicyMaxAtK(enum.Enum):
     """MAX_AT_K advantages of updates after a step's first (the policy has moved from the
     one that sampled): OFF keeps the rollout's advantages inside the clipped PPO
     surrogate; EXACT / LINEAR re-weight them each update by the other samples' sequence
-    ratios (Bagirov et al. 2025; ESTIMATORS.md section 4), exactly or to first order."""
+    ratios (Bagirov et al. 2025), exactly or to first order. Both need
+    RatioLevel.SEQUENCE: the re-weighted advantage multiplies the sample's own sequence
+    ratio, so the expected update is grad J_k exactly (EXACT) for completions of any
+    length; a per-token ratio is exact only for one-token completions."""
 
     OFF = "off"
     EXACT = "exact"
@@ -72,7 +94,11 @@ class StepConfig:
     use each sample's own ratio against the step's starting policy, clipped.
     kl_coef / entropy_coef: penalty and bonus per sequence, reduced over T by
       `aggregation` like the surrogate and averaged over B and N.
-    tis_cap: truncated importance weights against the sampler's logprobs (None: off).
+    ratio_level: PPO's ratio per token or per sequence (RatioLevel); with SEQUENCE the
+      per-sequence surrogate is scaled like the token aggregation scales a sequence's
+      gradient (1, 1/T_max, 1/L_i), so a first, on-policy update is the same either way.
+    tis_cap: truncated importance weights against the sampler's logprobs (None: off);
+      per token, or per sample of the sequence ratio with ratio_level=SEQUENCE.
     offpolicy_max_at_k, offpolicy_clamp: see OffPolicyMaxAtK; the clamp truncates the
       others' ratio products (None: untruncated).
     """
@@ -83,6 +109,7 @@ class StepConfig:
     microbatches: int = 1
     aggregation: LossAggregation = LossAggregation.TOKEN_SUM
     ppo_epsilon: float = 0.2
+    ratio_level: RatioLevel = RatioLevel.TOKEN
     dual_clip: float | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = KLEstimator.K3
@@ -118,6 +145,13 @@ class StepConfig:
             )
         if self.tis_cap is not None and not (is_real(self.tis_cap) and self.tis_cap > 0):
             raise ValueError(f"`rl.tis_cap` must be > 0 or None; got {self.tis_cap!r}.")
+        if self.ratio_level is RatioLevel.SEQUENCE:
+            if self.loss is not PolicyLoss.PPO:
+                raise ValueError(
+                    "`rl.ratio_level`=SEQUENCE sets where PPO's ratio is taken; rl.loss is "
+                    f"{self.loss.name}, which has no ratio. Set rl.loss=PPO or leave "
+                    "rl.ratio_level=TOKEN."
+                )
         clamp = self.offpolicy_clamp
         if self.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
             if clamp is not None:
@@ -135,6 +169,14 @@ class StepConfig:
             )
         if clamp is not None and not (is_real(clamp) and clamp > 0):
             raise ValueError(f"`rl.offpolicy_clamp` must be > 0 or None; got {clamp!r}.")
+        if self.ratio_level is not RatioLevel.SEQUENCE:
+            raise ValueError(
+                f"`rl.offpolicy_max_at_k`={self.offpolicy_max_at_k.name} needs "
+                "rl.ratio_level=SEQUENCE: its re-weighted advantage multiplies each sample's "
+                "sequence ratio prod_t pi/pi_old, and a per-token ratio "
+                f"(rl.ratio_level={self.ratio_level.name}) makes the update inexact for "
+                "completions longer than one token. Set rl.ratio_level=SEQUENCE."
+            )
 
     @property
     def updates(self) -> int:

@@ -90,6 +90,7 @@ def make_train_step(
     *,
     dtype=jnp.float32,
     reweight: Reweight | None = None,
+    temperature: float = 1.0,
 ):
     """Returns step(state, batch, ref_params, k) -> (state, metrics), one jax.jit.
 
@@ -102,6 +103,10 @@ def make_train_step(
       dtype: the model's compute dtype (ModelConfig.compute_dtype).
       reweight: required iff cfg.offpolicy_max_at_k is not OFF; called inside the jit for
         every update after the first to replace the batch's advantages.
+      temperature: static float > 0, the sampling temperature of the rollouts. Every
+        log-prob of the update (policy, PPO's old policy, the KL reference) is that of
+        softmax(logits / temperature), the distribution the samples came from, so the
+        score function, the ratios and the TIS weights are those of the sampled policy.
 
     The returned step takes state (donated), batch (RLBatch, B divisible by
     minibatches * microbatches * batch devices), ref_params (frozen reference params,
@@ -122,6 +127,12 @@ def make_train_step(
     split_spec = NamedSharding(mesh, P(None, batch_axes))
     replicated = NamedSharding(mesh, P())
     chunks = cfg.minibatches * cfg.microbatches
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"`temperature` must be a static float > 0; got {temperature!r}.")
+    if not temperature > 0:
+        raise ValueError(
+            f"`temperature` must be > 0 (the sampling temperature); got {temperature}."
+        )
 
     def token_stats(params, mb, with_entropy=False) -> forward.TokenStats:
         return forward.completion_logprobs(
@@ -132,6 +143,7 @@ def make_train_step(
             mb.tokens,
             dtype=dtype,
             with_entropy=with_entropy,
+            temperature=float(temperature),
         )
 
     def frozen_logprobs(params, batch):
@@ -148,7 +160,7 @@ def make_train_step(
         is_w = None
         if cfg.tis_cap is not None:
             is_w, metrics = losses.truncated_importance_weights(
-                old_lp, mb.sampler_logprobs, mb.mask, cfg.tis_cap
+                old_lp, mb.sampler_logprobs, mb.mask, cfg.tis_cap, cfg.ratio_level
             )
         adv = mb.advantages
         if reweight is not None:  # later updates: the policy has moved since sampling
@@ -166,6 +178,7 @@ def make_train_step(
                 epsilon=cfg.ppo_epsilon,
                 dual_clip=cfg.dual_clip,
                 is_weights=is_w,
+                ratio_level=cfg.ratio_level,
             )
         else:
             loss, m = losses.policy_gradient_loss(logp, adv, mb.mask, **agg, is_weights=is_w)

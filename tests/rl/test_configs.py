@@ -129,6 +129,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=exact",
             "objective.objective=mean",
             "objective.k=1",
@@ -139,6 +140,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=exact",
             "objective.objective=majority_at_k",
         ],
@@ -148,6 +150,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=linear",
             "objective.max_at_k_estimator=centered",
         ],
@@ -157,6 +160,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=exact",
             "objective.max_at_k_estimator=chen_analytic",
         ],
@@ -166,6 +170,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=exact",
             "objective.max_at_k_estimator=loo",
         ],
@@ -175,6 +180,7 @@ REFUSED = [
         [
             "rl.loss=ppo",
             "rl.epochs=2",
+            "rl.ratio_level=sequence",
             "rl.offpolicy_max_at_k=exact",
             "objective.k=1",
             "objective.objective=max_at_k_mixture",
@@ -185,6 +191,11 @@ REFUSED = [
     (["rl.offpolicy_max_at_k=exact"], r"rl.offpolicy_max_at_k.*needs rl.loss=PPO"),  # PG
     (["rl.loss=ppo", "rl.offpolicy_max_at_k=exact"], r"epochs \* rl.minibatches > 1"),
     (["rl.offpolicy_clamp=0.2"], r"rl.offpolicy_clamp.*OFF"),  # would do nothing
+    (  # a per-token ratio makes the off-policy update inexact beyond one token
+        ["rl.loss=ppo", "rl.epochs=2", "rl.offpolicy_max_at_k=exact"],
+        r"rl.offpolicy_max_at_k.*=EXACT needs rl.ratio_level=SEQUENCE",
+    ),
+    (["rl.ratio_level=sequence"], r"rl.ratio_level.*=SEQUENCE.*Set rl.loss=PPO"),  # PG
     (
         ["objective.objective=max_at_k_mixture", "objective.k=1", "objective.maxrl_t=32"],
         r"k=32 > N=16",

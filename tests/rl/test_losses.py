@@ -132,6 +132,57 @@ def test_ppo_equals_policy_gradient_on_policy():
     np.testing.assert_allclose(g_ppo, g_pg, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("aggregation", list(AGG))
+def test_sequence_ratio_gradient_is_closed_form(aggregation):
+    """SEQUENCE: one ratio per sample rho = exp(sum_t mask (logp - old)); where unclipped
+    d loss / d logp_t = -A rho s / B on every valid token (s: the aggregation's scale of a
+    sequence, token_weight / L), exactly 0 where clipped, and at rho = 1 the TOKEN
+    gradient of the same aggregation."""
+    logp, adv, mask = rollout()
+    m = np.asarray(mask)
+    shift = np.random.default_rng(4).normal(scale=0.15, size=logp.shape).astype(np.float32)
+    old = jnp.asarray(np.asarray(logp) - shift)
+    seq = L.RatioLevel.SEQUENCE
+
+    def loss(lp, o):
+        return L.ppo_clip_loss(lp, o, adv, mask, aggregation, epsilon=EPS, max_len=MAX_LEN,
+                               ratio_level=seq)  # fmt: skip
+
+    (value, metrics), grad = jax.jit(jax.value_and_grad(loss, has_aux=True))(logp, old)
+    rho = np.exp((np.where(m, shift, 0.0)).sum(-1, dtype=np.float64))  # [B, N]
+    a = np.asarray(adv, np.float64)
+    live = np.where(a > 0, rho <= 1 + EPS, rho >= 1 - EPS) & m.any(-1)
+    lengths = np.maximum(m.sum(-1), 1)
+    scale = token_weight(mask, aggregation).sum(-1) / lengths  # [B, N]
+    want = np.where(live, -a * rho * scale / B, 0.0)[..., None] * m
+    np.testing.assert_allclose(grad, want, rtol=2e-5, atol=1e-8)
+    assert np.all(np.asarray(grad)[want == 0] == 0.0)
+    obj = np.minimum(rho * a, np.clip(rho, 1 - EPS, 1 + EPS) * a)
+    np.testing.assert_allclose(value, -np.sum(scale * obj) / B, rtol=2e-5)
+    clipped = ~live & m.any(-1)
+    np.testing.assert_allclose(metrics["clip_fraction"], clipped.sum() / m.any(-1).sum())
+    assert 0 < clipped.sum() < m.any(-1).sum()  # both regimes are exercised
+
+    on_policy = jax.grad(lambda lp: loss(lp, logp)[0])(logp)
+    token = jax.grad(
+        lambda lp: L.ppo_clip_loss(lp, logp, adv, mask, aggregation, max_len=MAX_LEN)[0]
+    )(logp)
+    np.testing.assert_allclose(on_policy, token, rtol=1e-6, atol=1e-8)
+
+
+def test_sequence_truncated_importance_weights():
+    old, _, mask = rollout()
+    m = np.asarray(mask)
+    delta = np.random.default_rng(5).normal(scale=0.6, size=old.shape).astype(np.float32)
+    w, metrics = L.truncated_importance_weights(
+        old, old - delta, mask, cap=2.0, ratio_level=L.RatioLevel.SEQUENCE
+    )
+    log_w = np.where(m, delta, 0.0).sum(-1, dtype=np.float64)
+    np.testing.assert_allclose(w, np.minimum(np.exp(log_w), 2.0), rtol=1e-5)
+    valid = m.any(-1)
+    np.testing.assert_allclose(metrics["tis_truncated_fraction"], np.mean(log_w[valid] > np.log(2)))
+
+
 def test_truncated_importance_weights():
     old, _, mask = rollout()
     delta = np.random.default_rng(2).normal(scale=1.0, size=old.shape).astype(np.float32)

@@ -27,6 +27,7 @@ from kjax.rl.config import (
     ObjectiveConfig,
     OffPolicyMaxAtK,
     PolicyLoss,
+    RatioLevel,
     StepConfig,
 )
 from kjax.rl.objective import compute_advantages, offpolicy_reweighter
@@ -109,14 +110,20 @@ BATCHES = {"matrix": BATCH, "offpolicy": OFF_BATCH}
 
 
 @functools.cache
-def _reference_grad(ppo: bool, which: str = "matrix"):
+def _reference_grad(ppo: bool, which: str = "matrix", sequence: bool = False):
     """Jitted grad of the written loss of one update over the rows with weight w [B]:
     PG:  -sum_b w_b sum_i A_bi sum_t log pi(y_bit)
-    PPO: -sum_b w_b sum_i sum_t min(rho A, clip(rho, 1-eps, 1+eps) A), rho = pi/pi_old."""
+    PPO: -sum_b w_b sum_i sum_t min(rho A, clip(rho, 1-eps, 1+eps) A), rho = pi/pi_old
+      per token; with `sequence`, -sum_b w_b sum_i min(rho A, clip(rho) A) with rho the
+      ratio of the whole sequence's probabilities."""
     batch = BATCHES[which]
 
     def loss(params, adv, old, w):
         lp = _token_logprobs(params, batch)
+        if sequence:
+            rho = jnp.exp(jnp.sum(jnp.where(batch.mask, lp - old, 0.0), axis=-1))
+            obj = jnp.minimum(rho * adv, jnp.clip(rho, 1 - EPS, 1 + EPS) * adv)
+            return -jnp.sum(w * jnp.sum(obj, axis=1))
         a = adv[..., None]
         if ppo:
             rho = jnp.exp(jnp.where(batch.mask, lp - old, 0.0))
@@ -144,7 +151,9 @@ def _hand_written_run(cfg: StepConfig, adv, which="matrix", reweight=None):
     old = logprobs(params)
     mask = np.asarray(BATCHES[which].mask)
     Bb, M = old.shape[0], cfg.minibatches
-    grad = _reference_grad(cfg.loss is PolicyLoss.PPO, which)
+    grad = _reference_grad(
+        cfg.loss is PolicyLoss.PPO, which, cfg.ratio_level is RatioLevel.SEQUENCE
+    )
     adv = np.asarray(adv, np.float64)
     for e in range(cfg.epochs):
         for m in range(M):
@@ -291,7 +300,13 @@ def test_state_is_donated_and_bad_splits_are_refused():
 def _offpolicy_case(mode: OffPolicyMaxAtK, k: int, estimator=MaxAtKEstimator.LOO_MINUS_ONE):
     """(trainer params, hand-written params) after one PPO step of 2 epochs with off-policy
     max@k re-weighting; the trainer's reweighter serves both k of an 8 -> 1 schedule."""
-    cfg = StepConfig(loss=PolicyLoss.PPO, epochs=2, ppo_epsilon=EPS, offpolicy_max_at_k=mode)
+    cfg = StepConfig(
+        loss=PolicyLoss.PPO,
+        epochs=2,
+        ppo_epsilon=EPS,
+        ratio_level=RatioLevel.SEQUENCE,
+        offpolicy_max_at_k=mode,
+    )
     objective = ObjectiveConfig(Objective.MAX_AT_K, k=OFF_K, max_at_k_estimator=estimator)
     adv = objectives.max_at_k_advantages(OFF_BATCH.scores, k, estimator)
     state, metrics = _run(
@@ -325,7 +340,11 @@ def test_linear_offpolicy_max_at_k_reweights_the_second_epoch():
 def test_a_k_schedule_never_retraces_the_update():
     # 8 -> 1 with the off-policy option on: k reaches the jit as a traced scalar.
     cfg = StepConfig(
-        loss=PolicyLoss.PPO, epochs=2, ppo_epsilon=EPS, offpolicy_max_at_k=OffPolicyMaxAtK.EXACT
+        loss=PolicyLoss.PPO,
+        epochs=2,
+        ppo_epsilon=EPS,
+        ratio_level=RatioLevel.SEQUENCE,
+        offpolicy_max_at_k=OffPolicyMaxAtK.EXACT,
     )
     objective = ObjectiveConfig(Objective.MAX_AT_K, k=OFF_K)
     schedule = KSchedule(KScheduleKind.STEP, k_start=OFF_K, k_end=1, steps=3)
