@@ -63,9 +63,10 @@ def repeated_logits(params, config: LlamaConfig, prompts, prompt_mask, tokens, *
     return logits.reshape(B, N, T, -1)
 
 
-def stats_of_logits(logits, tokens, with_entropy: bool = False) -> TokenStats:
-    """Plain (unchunked) TokenStats of logits [..., T, V] and tokens [..., T]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def stats_of_logits(logits, tokens, with_entropy: bool = False, temperature: float = 1.0):
+    """Plain (unchunked) TokenStats of softmax(logits / temperature), logits [..., T, V] and
+    tokens [..., T]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     lp = jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
     ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1) if with_entropy else None
     return TokenStats(lp, ent)
@@ -119,8 +120,11 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
 
 def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
                         with_entropy: bool = False, chunk_rows: int | None = None,
-                        chunk_vocab: int | None = None):  # fmt: skip
-    """TokenStats [...] of final hidden states hidden [..., D] and targets [...] int.
+                        chunk_vocab: int | None = None,
+                        temperature: float = 1.0):  # fmt: skip
+    """TokenStats [...] of final hidden states hidden [..., D] and targets [...] int, under
+    softmax(logits / temperature) (the normed hidden states are divided by temperature,
+    which divides every logit and leaves the head's chunked backward as it is).
 
     Rows go `chunk_rows` at a time (lax.map; None: up to 4096 rows per chunk) through
     `_head_stats`, which walks the vocabulary `chunk_vocab` columns at a time (None: ~32
@@ -131,6 +135,8 @@ def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
     """
     lead, D = hidden.shape[:-1], hidden.shape[-1]
     h = llama.rms_norm(hidden.reshape(-1, D), params["final_norm"], config.rms_norm_eps)
+    if temperature != 1.0:
+        h = h / jnp.asarray(temperature, h.dtype)
     t = targets.reshape(-1).astype(jnp.int32)
     R, V = h.shape[0], config.vocab_size
     for name, value in (("chunk_rows", chunk_rows), ("chunk_vocab", chunk_vocab)):
@@ -254,6 +260,7 @@ def completion_logprobs(
     chunk_rows: int | None = None,
     chunk_vocab: int | None = None,
     remat: bool = False,
+    temperature: float = 1.0,
 ) -> TokenStats:
     """Token log-probs (and entropies) of completions tokens [B,N,T] after prompts [B,S].
 
@@ -271,6 +278,9 @@ def completion_logprobs(
       chunk_rows, chunk_vocab: rows (of B*N*T) and vocabulary columns unembedded at once
         on the shared path (see chunked_token_stats; None: the defaults there).
       remat: recompute each layer in the backward pass (less memory, more time).
+      temperature: static float > 0: the log-probs (and entropies) are those of
+        softmax(logits / temperature), the sampler's distribution at that temperature
+        (top-k/top-p are not applied: the trainer refuses them).
     Returns:
       TokenStats(logprobs [B,N,T] float32, entropy [B,N,T] float32 or None).
     """
@@ -283,11 +293,16 @@ def completion_logprobs(
         raise ValueError(
             f"tokens [B,N,T] {tokens.shape} and prompts [B,S] {prompts.shape} disagree on B."
         )
+    if isinstance(temperature, bool) or not (
+        isinstance(temperature, (int, float)) and temperature > 0
+    ):
+        raise ValueError(f"`temperature` must be a static float > 0; got {temperature!r}.")
     if not shared_prompt:
         logits = repeated_logits(params, config, prompts, prompt_mask, tokens, dtype=dtype,
                                  remat=remat)  # fmt: skip
-        return stats_of_logits(logits, tokens, with_entropy)
+        return stats_of_logits(logits, tokens, with_entropy, temperature)
     hidden = shared_prompt_hidden(params, config, prompts, prompt_mask, tokens, dtype=dtype,
                                   remat=remat)  # fmt: skip
     return chunked_token_stats(params, config, hidden, tokens, with_entropy=with_entropy,
-                               chunk_rows=chunk_rows, chunk_vocab=chunk_vocab)  # fmt: skip
+                               chunk_rows=chunk_rows, chunk_vocab=chunk_vocab,
+                               temperature=temperature)  # fmt: skip

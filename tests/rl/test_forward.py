@@ -172,3 +172,67 @@ def test_bad_shapes_name_the_inputs():
         forward.completion_logprobs({}, BASE, prompts, mask, tokens[0])
     with pytest.raises(ValueError, match="disagree on B"):
         forward.completion_logprobs({}, BASE, prompts, mask, tokens[:1])
+
+
+def _tempered_rollout(temperature: float):
+    config = BASE
+    params = _params(config, seed=12)
+    prompts, mask, _ = _batch(config, 2, 6, 1, 1, seed=12)
+    out = sampling.sample_params(params, prompts, mask, jax.random.key(1),
+                                 jnp.float32(temperature), config=config, n=4,
+                                 max_new_tokens=7, stop_ids=(3,))  # fmt: skip
+    return config, params, prompts, mask, out
+
+
+@pytest.mark.parametrize("shared_prompt", [True, False])
+def test_trainer_logprobs_are_the_samplers_at_temperature(shared_prompt):
+    """At T = 0.7 the trainer's log-probs are those of the distribution the sampler drew
+    from (softmax(logits / 0.7)), on both forward paths; at T = 1 they are not."""
+    config, params, prompts, mask, out = _tempered_rollout(0.7)
+    valid = np.asarray(out.mask)
+
+    def gap(temperature):
+        stats = forward.completion_logprobs(params, config, prompts, mask, out.tokens,
+                                            shared_prompt=shared_prompt,
+                                            temperature=temperature)  # fmt: skip
+        return np.abs(np.asarray(stats.logprobs - out.logprobs))[valid].max()
+
+    print(f"max |trainer - sampler| log-prob at T=0.7: {gap(0.7):.2e} (T=1: {gap(1.0):.2e})")
+    assert gap(0.7) < 2e-5
+    assert gap(1.0) > 0.05  # the untempered model is a different policy
+
+
+def test_train_step_differentiates_the_sampling_policy():
+    """The update's old log-probs are the sampler's at its temperature: with truncated IS
+    weights on, the trainer/sampler mismatch it measures is ~0 (it is not when the step
+    is built for T = 1 while the rollouts came from T = 0.7)."""
+    import optax
+
+    from kjax import sharding
+    from kjax.rl.step_config import PolicyLoss, StepConfig
+    from kjax.rl.train_step import RLBatch, init_train_state, make_train_step, shardings_of
+
+    config, params, prompts, mask, out = _tempered_rollout(0.7)
+    B, N, _ = out.tokens.shape
+    batch = RLBatch(prompts, mask, out.tokens, out.mask, out.logprobs,
+                    jnp.zeros((B, N), jnp.float32), jnp.ones((B, N), jnp.float32))  # fmt: skip
+    cfg = StepConfig(loss=PolicyLoss.PPO, tis_cap=2.0)
+    opt = optax.sgd(1e-3)
+    m = sharding.make_mesh(data=1, devices=jax.devices()[:1])
+    kl = {}
+    for temperature in (0.7, 1.0):
+        state = init_train_state(jax.tree.map(jnp.copy, params), opt, jax.random.key(0), m)
+        step = make_train_step(config, cfg, opt, m, shardings_of(state), temperature=temperature)
+        _, metrics = step(state, batch, None, np.int32(1))
+        kl[temperature] = float(metrics["sampler_kl"])
+    print(f"sampler_kl: built at T=0.7 {kl[0.7]:.2e}, at T=1 {kl[1.0]:.2e}")
+    assert kl[0.7] < 1e-6
+    assert kl[1.0] > 1e-3
+
+
+def test_temperature_must_be_a_positive_float():
+    prompts, mask, tokens = _batch(BASE, 2, 4, 2, 3, seed=0)
+    params = _params(BASE, seed=0)
+    for bad in (0.0, -1.0, True):
+        with pytest.raises(ValueError, match="temperature"):
+            forward.completion_logprobs(params, BASE, prompts, mask, tokens, temperature=bad)
