@@ -22,6 +22,7 @@ import numpy as np
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim, ClaimKind
+from kjax.rl.config import SFTLoss
 
 EPOCHS, SUBSET, BATCH, N_EVAL = 8, 1000, 64, 256
 KS = (1, 16, 256)
@@ -32,12 +33,9 @@ def base(seed: int, smoke: bool):
     return harness.smoke_base(cfg) if smoke else cfg
 
 
-def loss_arm(name: str):
+def loss_arm(loss: SFTLoss):
     def make(cfg):
-        SFTLoss = harness.config_type("SFTLoss")
-        return dataclasses.replace(
-            cfg, sft=dataclasses.replace(cfg.sft, loss=getattr(SFTLoss, name), dco_n=N_EVAL)
-        )
+        return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, loss=loss, dco_n=N_EVAL))
 
     return make
 
@@ -59,6 +57,7 @@ def execute(table, arm, seed, run_dir, ctx) -> dict:
 
     from kjax.data import loader
     from kjax.rl import sft
+    from kjax.rl.loop import rollout
     from kjax.rl.train_step import init_train_state, shardings_of
 
     warm = harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
@@ -74,8 +73,7 @@ def execute(table, arm, seed, run_dir, ctx) -> dict:
     key = jax.random.fold_in(jax.random.key(seed), 7919)  # one eval key: every arm, epoch
 
     def evaluate(p):
-        *_, verdicts = harness.sample_verified(handle, p, task.test, key, n_eval)
-        return pass_at(verdicts, KS)
+        return pass_at(rollout(handle, p, task.test, key, n_eval, 1.0).verdicts, KS)
 
     out = {f"epoch0/{k}": v for k, v in evaluate(state.params).items()}
     rng = np.random.default_rng(seed)
@@ -132,7 +130,10 @@ def plot(table, rows, path) -> None:
 TABLE = harness.Table(
     name="dco_sft_table",
     title="Chen et al. 2025: SFT epochs with cross-entropy vs DCO (tiny_arith)",
-    arms=(Arm("cross-entropy", loss_arm("CE")), Arm(f"DCO (N={N_EVAL})", loss_arm("DCO"))),
+    arms=(
+        Arm("cross-entropy", loss_arm(SFTLoss.CE)),
+        Arm(f"DCO (N={N_EVAL})", loss_arm(SFTLoss.DCO)),
+    ),
     claims=(
         Claim(
             "4a",

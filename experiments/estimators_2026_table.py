@@ -27,6 +27,7 @@ import numpy as np
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim, ClaimKind
+from kjax.rl.config import MaxAtKEstimator, Objective, ObjectiveConfig
 
 STEPS, B, N, K, BATCHES = 100, 16, 16, 8, 16
 
@@ -36,20 +37,18 @@ def base(seed: int, smoke: bool):
     return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
 
 
-def objective(kind: str, estimator: str | None = None):
-    """make(cfg): cfg with the objective; k = 8 (4 in smoke runs, which sample 8)."""
+def objective(kind: Objective, estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE):
+    """make(cfg): cfg with the objective; MAX_AT_K at k = 8 (4 in smoke runs, which sample
+    8) with `estimator`; MAX_AT_K_MIXTURE as MaxRL's sum_{k<=N} (1/k) pass@k."""
 
     def make(cfg):
-        Objective, ObjectiveConfig, E = map(
-            harness.config_type, ("Objective", "ObjectiveConfig", "MaxAtKEstimator")
-        )
-        k = K if cfg.samples > K else cfg.samples // 2
-        if kind == "mean":
-            obj = ObjectiveConfig(Objective.MEAN)
-        elif kind == "maxrl":
-            obj = ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, maxrl_t=cfg.samples)
+        if kind is Objective.MAX_AT_K:
+            k = K if cfg.samples > K else cfg.samples // 2
+            obj = ObjectiveConfig(kind, k=k, max_at_k_estimator=estimator)
+        elif kind is Objective.MAX_AT_K_MIXTURE:
+            obj = ObjectiveConfig(kind, maxrl_t=cfg.samples)
         else:
-            obj = ObjectiveConfig(Objective.MAX_AT_K, k=k, max_at_k_estimator=getattr(E, estimator))
+            obj = ObjectiveConfig(kind)
         return dataclasses.replace(cfg, objective=obj)
 
     return make
@@ -63,6 +62,7 @@ def gradient_variance(table, seed: int, ctx) -> dict[str, dict[str, float]]:
 
     from kjax.data import loader
     from kjax.rl.forward import completion_logprobs
+    from kjax.rl.loop import rollout
     from kjax.rl.objective import compute_advantages
 
     cfg = harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
@@ -80,16 +80,15 @@ def gradient_variance(table, seed: int, ctx) -> dict[str, dict[str, float]]:
     for r in range(batches):
         examples = [loader.decode(task.train[int(i)]) for i in order[r * B : (r + 1) * B]]
         key = jax.random.fold_in(jax.random.key(seed), 1_000_003 + r)
-        prompts, pmask, tokens, mask, v = harness.sample_verified(
-            handle, params, examples, key, cfg.samples, cfg.temperature
-        )
+        ro = rollout(handle, params, examples, key, cfg.samples, cfg.temperature)
+        v, mask = ro.verdicts, ro.mask.astype(np.float32)
         for name, obj in arms.items():
             adv = compute_advantages(
                 obj, obj.k, jnp.asarray(v.scores), jnp.asarray(v.answer_ids), jnp.asarray(v.target)
             )
-            g = grad(params, prompts, pmask, tokens, mask.astype(jnp.float32), adv)
+            g = grad(params, ro.prompts, ro.prompt_mask, ro.tokens, mask, adv)
             grads[name].append(np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]))
-    getattr(handle, "close", lambda: None)()
+    handle.close()
     out = {}
     for name, gs in grads.items():
         g = np.stack(gs).astype(np.float64)
@@ -104,13 +103,13 @@ TABLE = harness.Table(
     name="estimators_2026_table",
     title="k-sample estimators at equal budgets: L2O and MaxRL (tiny_arith)",
     arms=(
-        Arm("mean (RLOO)", objective("mean")),
-        Arm("pass@8 S", objective("max", "S")),
-        Arm("pass@8 LOO", objective("max", "LOO")),
-        Arm(LOO1, objective("max", "LOO_MINUS_ONE")),
-        Arm("pass@8 centred (biased)", objective("max", "CENTERED")),
-        Arm(L2O, objective("max", "L2O")),
-        Arm("MaxRL (T=16)", objective("maxrl")),
+        Arm("mean (RLOO)", objective(Objective.MEAN)),
+        Arm("pass@8 S", objective(Objective.MAX_AT_K, MaxAtKEstimator.S)),
+        Arm("pass@8 LOO", objective(Objective.MAX_AT_K, MaxAtKEstimator.LOO)),
+        Arm(LOO1, objective(Objective.MAX_AT_K, MaxAtKEstimator.LOO_MINUS_ONE)),
+        Arm("pass@8 centred (biased)", objective(Objective.MAX_AT_K, MaxAtKEstimator.CENTERED)),
+        Arm(L2O, objective(Objective.MAX_AT_K, MaxAtKEstimator.L2O)),
+        Arm("MaxRL (T=16)", objective(Objective.MAX_AT_K_MIXTURE)),
     ),
     claims=(
         Claim(

@@ -23,6 +23,7 @@ import sys
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim
+from kjax.rl.config import Objective, ObjectiveConfig, OffPolicyMaxAtK, PolicyLoss, StepConfig
 
 STEPS, B, N, K, N_EVAL = 100, 16, 16, 8, 32
 
@@ -35,12 +36,10 @@ def base(seed: int, smoke: bool):
     return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, n_eval=N_EVAL))
 
 
-def ppo(epochs: int, mode: str):
+def ppo(epochs: int, mode: OffPolicyMaxAtK):
     def make(cfg):
-        names = ("Objective", "ObjectiveConfig", "StepConfig", "PolicyLoss", "OffPolicyMaxAtK")
-        Objective, ObjectiveConfig, StepConfig, PolicyLoss, Off = map(harness.config_type, names)
         k = min(K, cfg.samples // 2)
-        rl = StepConfig(loss=PolicyLoss.PPO, epochs=epochs, offpolicy_max_at_k=getattr(Off, mode))
+        rl = StepConfig(loss=PolicyLoss.PPO, epochs=epochs, offpolicy_max_at_k=mode)
         return dataclasses.replace(cfg, rl=rl, objective=ObjectiveConfig(Objective.MAX_AT_K, k=k))
 
     return make
@@ -57,10 +56,10 @@ TABLE = harness.Table(
     name="maxk_offpolicy_table",
     title="Bagirov et al. 2025: off-policy max@k in PPO epochs (tiny_arith, k=8)",
     arms=(
-        Arm(FIXED, ppo(3, "OFF")),
-        Arm(EXACT, ppo(3, "EXACT")),
-        Arm(LINEAR, ppo(3, "LINEAR")),
-        Arm(ONE, ppo(1, "OFF")),
+        Arm(FIXED, ppo(3, OffPolicyMaxAtK.OFF)),
+        Arm(EXACT, ppo(3, OffPolicyMaxAtK.EXACT)),
+        Arm(LINEAR, ppo(3, OffPolicyMaxAtK.LINEAR)),
+        Arm(ONE, ppo(1, OffPolicyMaxAtK.OFF)),
     ),
     claims=(
         Claim(

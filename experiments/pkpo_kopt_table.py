@@ -18,6 +18,7 @@ import sys
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim, ClaimKind
+from kjax.rl.config import KSchedule, KScheduleKind, Objective, ObjectiveConfig
 
 STEPS, B, N = 100, 16, 16
 KS = (1, 2, 4, 8, 16)
@@ -30,7 +31,6 @@ def base(seed: int, smoke: bool):
 
 def k_opt(k: int):
     def make(cfg):
-        Objective, ObjectiveConfig = map(harness.config_type, ("Objective", "ObjectiveConfig"))
         k_eff = min(k, cfg.samples)  # smoke runs sample fewer than 16
         return dataclasses.replace(cfg, objective=ObjectiveConfig(Objective.MAX_AT_K, k=k_eff))
 
@@ -39,8 +39,6 @@ def k_opt(k: int):
 
 def anneal(cfg):
     """PKPO's k-annealing: k_opt = 8 for the first half of training, then 1."""
-    names = ("KSchedule", "KScheduleKind", "Objective", "ObjectiveConfig")
-    KSchedule, KScheduleKind, Objective, ObjectiveConfig = map(harness.config_type, names)
     k = min(8, cfg.samples)
     schedule = KSchedule(KScheduleKind.STEP, k_start=k, k_end=1, steps=max(1, cfg.steps // 2))
     return dataclasses.replace(

@@ -21,6 +21,7 @@ import sys
 from experiments import harness
 from experiments.configs import smollm2_arith, tiny_arith
 from experiments.harness import Arm, Claim, ClaimKind
+from kjax.rl.config import Objective, ObjectiveConfig
 
 STEPS, B, N, K = 20, 8, 8, 4
 
@@ -31,13 +32,12 @@ def base(seed: int, smoke: bool):
     return harness.budget(smollm2_arith.BASE, STEPS, B, N)
 
 
-def objective(kind: str):
+def objective(kind: Objective):
+    """make(cfg): cfg with MEAN (RLOO) or MAX_AT_K at k = K (N/2 in smoke runs)."""
+
     def make(cfg):
-        Objective, ObjectiveConfig = map(harness.config_type, ("Objective", "ObjectiveConfig"))
-        if kind == "mean":
-            return dataclasses.replace(cfg, objective=ObjectiveConfig(Objective.MEAN))
-        obj = ObjectiveConfig(Objective.MAX_AT_K, k=min(K, cfg.samples // 2))
-        return dataclasses.replace(cfg, objective=obj)
+        k = min(K, cfg.samples // 2) if kind is Objective.MAX_AT_K else 1
+        return dataclasses.replace(cfg, objective=ObjectiveConfig(kind, k=k))
 
     return make
 
@@ -45,7 +45,10 @@ def objective(kind: str):
 TABLE = harness.Table(
     name="smollm2_passk",
     title="SmolLM2-135M-Instruct: mean vs pass@k objective (smollm2_arith)",
-    arms=(Arm("mean (RLOO)", objective("mean")), Arm("pass@k (k=4)", objective("passk"))),
+    arms=(
+        Arm("mean (RLOO)", objective(Objective.MEAN)),
+        Arm("pass@k (k=4)", objective(Objective.MAX_AT_K)),
+    ),
     claims=(
         Claim(
             "7a",

@@ -21,6 +21,14 @@ import sys
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim, ClaimKind
+from kjax.rl.config import (
+    MaxAtKEstimator,
+    Objective,
+    ObjectiveConfig,
+    OffPolicyMaxAtK,
+    PolicyLoss,
+    StepConfig,
+)
 
 STEPS, B, N, K = 100, 16, 16, 8
 
@@ -30,102 +38,107 @@ def base(seed: int, smoke: bool):
     return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
 
 
-def arm(objective: str, loss: str):
-    """make(cfg) for one objective ('mean', 'loo_n_eq_k', 'loo1', 'centred', 'majority')
-    and one loss ('PG', 'PPO')."""
+def arm(
+    loss: PolicyLoss,
+    objective: Objective,
+    estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE,
+    n_eq_k: bool = False,
+):
+    """make(cfg) for one objective (MAX_AT_K with `estimator`, at N = k with twice the
+    prompts when n_eq_k) and one loss (PG, or PPO with 2 epochs of fixed advantages)."""
 
     def make(cfg):
-        names = (
-            "Objective",
-            "ObjectiveConfig",
-            "MaxAtKEstimator",
-            "StepConfig",
-            "PolicyLoss",
-            "OffPolicyMaxAtK",
-        )
-        Objective, ObjectiveConfig, E, StepConfig, PolicyLoss, Off = map(harness.config_type, names)
         k = min(K, cfg.samples // 2)  # smoke runs sample 8
-        if objective == "mean":
-            obj = ObjectiveConfig(Objective.MEAN)
-        elif objective == "majority":
-            obj = ObjectiveConfig(Objective.MAJORITY_AT_K, k=k)
+        if objective is Objective.MEAN:
+            obj = ObjectiveConfig(objective)
         else:
-            est = E.CENTERED if objective == "centred" else E.LOO_MINUS_ONE
-            obj = ObjectiveConfig(Objective.MAX_AT_K, k=k, max_at_k_estimator=est)
-        if objective == "loo_n_eq_k":  # N = k; twice the prompts keeps the samples per step
+            obj = ObjectiveConfig(objective, k=k, max_at_k_estimator=estimator)
+        if n_eq_k:  # N = k; twice the prompts keeps the samples per step
             cfg = dataclasses.replace(
                 cfg, batch_prompts=cfg.batch_prompts * cfg.samples // k, samples=k
             )
-        if loss == "PPO":
-            rl = StepConfig(loss=PolicyLoss.PPO, epochs=2, offpolicy_max_at_k=Off.OFF)
+        if loss is PolicyLoss.PPO:
+            rl = StepConfig(loss=loss, epochs=2, offpolicy_max_at_k=OffPolicyMaxAtK.OFF)
         else:
-            rl = StepConfig(loss=PolicyLoss.PG)
+            rl = StepConfig(loss=loss)
         return dataclasses.replace(cfg, objective=obj, rl=rl)
 
     return make
 
 
-OBJECTIVES = (
-    ("mean", "mean (RLOO)"),
-    ("loo_n_eq_k", "pass@k LOO N=k"),
-    ("loo1", "pass@k LOO-1 N=16"),
-    ("centred", "pass@k biased"),
-    ("majority", "maj@k"),
+MEAN, LOO_NK, LOO1, CENTRED, MAJ = (
+    "mean (RLOO)",
+    "pass@k LOO N=k",
+    "pass@k LOO-1 N=16",
+    "pass@k biased",
+    "maj@k",
 )
+OBJECTIVES = {  # label: arm()'s objective fields
+    MEAN: dict(objective=Objective.MEAN),
+    LOO_NK: dict(objective=Objective.MAX_AT_K, n_eq_k=True),
+    LOO1: dict(objective=Objective.MAX_AT_K),
+    CENTRED: dict(objective=Objective.MAX_AT_K, estimator=MaxAtKEstimator.CENTERED),
+    MAJ: dict(objective=Objective.MAJORITY_AT_K),
+}
+PG, PPO = PolicyLoss.PG, PolicyLoss.PPO
 
 
-def name(objective: str, loss: str) -> str:
-    return f"{dict(OBJECTIVES)[objective]} / {loss}"
+def name(objective: str, loss: PolicyLoss) -> str:
+    return f"{objective} / {loss.name}"
 
 
 PG_PAPER = "PG, CodeContests: pass@10 35.1 -> 41.7"
 TABLE = harness.Table(
     name="tang2025_table",
     title="Tang et al. 2025: k-sample objectives x {PG, PPO} (tiny_arith, k=8)",
-    arms=tuple(Arm(name(o, loss), arm(o, loss)) for loss in ("PG", "PPO") for o, _ in OBJECTIVES),
+    arms=tuple(
+        Arm(name(label, loss), arm(loss, **fields))
+        for loss in (PG, PPO)
+        for label, fields in OBJECTIVES.items()
+    ),
     claims=(
         Claim(
             "1a",
             f"pass@k objective raises pass@k over mean ({PG_PAPER})",
             "pass@8",
-            name("loo_n_eq_k", "PG"),
-            name("mean", "PG"),
+            name(LOO_NK, PG),
+            name(MEAN, PG),
         ),
         Claim(
             "1b",
             "pass@k objective lowers pass@1 (PG: 26.2 -> 20.6)",
             "pass@1",
-            name("loo_n_eq_k", "PG"),
-            name("mean", "PG"),
+            name(LOO_NK, PG),
+            name(MEAN, PG),
             ClaimKind.LESS,
         ),
         Claim(
             "1c",
             "biased variant with PPO: largest pass@k gain (pass@100 41.1 -> 56.3), vs mean",
             "pass@8",
-            name("centred", "PPO"),
-            name("mean", "PPO"),
+            name(CENTRED, PPO),
+            name(MEAN, PPO),
         ),
         Claim(
             "1d",
             "... vs the unbiased LOO at N=k with PPO",
             "pass@8",
-            name("centred", "PPO"),
-            name("loo_n_eq_k", "PPO"),
+            name(CENTRED, PPO),
+            name(LOO_NK, PPO),
         ),
         Claim(
             "1e",
             "... vs LOO-1 at N=16 with PPO",
             "pass@8",
-            name("centred", "PPO"),
-            name("loo1", "PPO"),
+            name(CENTRED, PPO),
+            name(LOO1, PPO),
         ),
         Claim(
             "1f",
             "the majority objective raises maj@k (only slightly)",
             "maj@8",
-            name("majority", "PG"),
-            name("mean", "PG"),
+            name(MAJ, PG),
+            name(MEAN, PG),
         ),
     ),
     columns=(
@@ -135,7 +148,7 @@ TABLE = harness.Table(
         ("maj@8", "maj@8"),
     ),
     base=base,
-    smoke_arms=(name("mean", "PG"), name("loo_n_eq_k", "PPO"), name("majority", "PG")),
+    smoke_arms=(name(MEAN, PG), name(LOO_NK, PPO), name(MAJ, PG)),
     budget=f"{STEPS} RL steps of 256 samples (16 x 16; 32 x 8 for N=k) from a 1500-step SFT "
     "warm start, PG or PPO with 2 epochs; eval 200 problems x 16 samples",
 )
