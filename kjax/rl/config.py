@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointConfig",
     "DType",
     "EvalConfig",
+    "EvalSplit",
     "KLEstimator",
     "KSchedule",
     "KScheduleKind",
@@ -132,6 +133,15 @@ class TaskKind(enum.Enum):
     MATH = "math"  # math_jsonl builder over <task.manual_dir>/math/*.jsonl
 
 
+class EvalSplit(enum.Enum):
+    """Which problems `eval` scores: the held-out TEST split (what tables report), or the
+    VALIDATION split (task.validation_size problems held out of training, disjoint from
+    TEST: what a tuning protocol selects on, so no choice is made on the reported problems)."""
+
+    TEST = "test"
+    VALIDATION = "validation"
+
+
 class SFTLoss(enum.Enum):
     CE = "ce"  # token-mean cross-entropy
     DCO = "dco"  # Chen et al. 2025's confidence-limiting loss at N = sft.dco_n
@@ -167,6 +177,9 @@ class TaskConfig:
     # S, prompts left-pad to it. 0: fit the data (TINY arith: its exact bound; pretrained:
     # the dataset's longest prompt rounded up to a multiple of 16, one pass at load time).
     max_prompt_tokens: int = 0
+    # The last validation_size problems of the train split, never trained on (SFT or RL):
+    # the validation split (EvalSplit.VALIDATION). 0: none, the whole train split trains.
+    validation_size: int = 0
 
     def __post_init__(self):
         coerce_enums(self, "task.")
@@ -178,6 +191,7 @@ class TaskConfig:
             ("test_size", 1),
             ("data_seed", 0),
             ("max_prompt_tokens", 0),
+            ("validation_size", 0),
         ):
             check_int(getattr(self, field), f"config.task.{field}", low)
 
@@ -212,8 +226,10 @@ class EvalConfig:
     n_eval: int = 16  # samples per held-out problem; k in {1, 2, 4, ..., n_eval}
     problems: int = 64
     temperature: float = 1.0
+    split: EvalSplit = EvalSplit.TEST  # VALIDATION needs task.validation_size > 0
 
     def __post_init__(self):
+        coerce_enums(self, "eval.")
         n = self.n_eval
         need(
             isinstance(n, int) and n >= 1 and n & (n - 1) == 0,
@@ -338,6 +354,21 @@ class TrainConfig:
         # Paths are left to the command line by presets, so they are checked here.
         if self.model.kind is ModelKind.HF_DIR:
             need(bool(self.model.path), "model.path", "is required for kind HF_DIR", "")
+        if self.eval.split is EvalSplit.VALIDATION:
+            need(
+                self.task.validation_size > 0,
+                "eval.split",
+                "is VALIDATION but task.validation_size is 0 (no validation split); set "
+                "task.validation_size to the problems to hold out, or eval.split=test",
+                self.eval.split.name,
+            )
+        if self.task.kind is TaskKind.ARITH and self.task.validation_size >= self.task.train_size:
+            need(
+                False,
+                "task.validation_size",
+                f"must be below task.train_size={self.task.train_size} (some problems must train)",
+                self.task.validation_size,
+            )
         if self.task.kind is TaskKind.MATH:
             need(bool(self.task.manual_dir), "task.manual_dir", "is required for MATH", "")
         if self.model.kind is ModelKind.TINY:

@@ -23,7 +23,7 @@ from kjax.rewards.verdict import Verdicts
 from kjax.rl import multihost
 from kjax.rl import task as task_lib
 from kjax.rl.components import Components, build_components
-from kjax.rl.config import TrainConfig
+from kjax.rl.config import EvalSplit, TrainConfig
 from kjax.rl.train_step import RLBatch, TrainState
 
 __all__ = [
@@ -101,10 +101,12 @@ def rollout(
 
 
 def evaluate(c: Components, params) -> dict[str, float]:
-    """Held-out metrics {"eval/pass@k", "eval/max@k", "eval/maj@k", ...} at eval.n_eval."""
+    """Held-out metrics {"eval/pass@k", "eval/max@k", "eval/maj@k", ...} at eval.n_eval,
+    on the split eval.split names (the test problems, or the validation ones for tuning)."""
     key = jax.random.fold_in(c.base_key, _EVAL_STREAM)
     e = c.cfg.eval
-    ro = rollout(c, params, c.task.test, key, e.n_eval, e.temperature)
+    problems = c.task.validation if e.split is EvalSplit.VALIDATION else c.task.test
+    ro = rollout(c, params, problems, key, e.n_eval, e.temperature)
     return {f"eval/{k}": v for k, v in evaluation.group_metrics(ro.verdicts).items()}
 
 

@@ -61,6 +61,7 @@ class Task(Protocol):
     test: Sequence[dict]
     prompt_len: int
     stop_ids: tuple[int, ...]
+    validation: Sequence[dict]  # held out of train (task.validation_size), for tuning
 
     def prompt_ids(self, example: dict) -> list[int]: ...
 
@@ -84,6 +85,7 @@ class _Problems:
     test: Sequence[dict]
     prompt_len: int
     stop_ids: tuple[int, ...]
+    validation: Sequence[dict] = ()
 
     def prompt_ids(self, example: dict) -> list[int]:
         if isinstance(self.tokenizer, CharTokenizer):
@@ -171,24 +173,59 @@ def decode(task: Task, tokens: np.ndarray, mask: np.ndarray) -> list[list[str]]:
     return [[task.tokenizer.decode(tokens[b, i][mask[b, i]]) for i in range(N)] for b in range(B)]
 
 
+class _Head:
+    """The first `size` records of a random-access source (len and [i]), e.g. the train
+    split without the validation problems at its end."""
+
+    def __init__(self, source, size: int):
+        self._source, self._size = source, size
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, i: int):
+        if not -self._size <= i < self._size:
+            raise IndexError(f"record {i} of {self._size}")
+        return self._source[i % self._size]
+
+
+def split_validation(train, size: int, problems: int) -> tuple[object, list[dict]]:
+    """(train without its last `size` records, the first `problems` of those, decoded)."""
+    if size == 0:
+        return train, []
+    if size >= len(train):
+        raise ValueError(
+            f"task.validation_size={size} must be below the train split's {len(train)} "
+            "problems (some must train); lower it."
+        )
+    rest = len(train) - size
+    return _Head(train, rest), [loader.decode(train[rest + i]) for i in range(min(size, problems))]
+
+
 def load_task(cfg: TrainConfig, tokenizer, data_dir: str | pathlib.Path) -> Task:
-    """Prepares the dataset (once, array_record under data_dir) and wraps it as a Task."""
+    """Prepares the dataset (once, array_record under data_dir) and wraps it as a Task.
+
+    With task.validation_size > 0 the last validation_size train problems become
+    task.validation (up to eval.problems of them are kept) and are never trained on."""
     t = cfg.task
     implementation, prepare = TASKS[t.kind]
     source = prepare(t, data_dir).as_data_source()
     size = min(len(source["test"]), cfg.eval.problems)
     test = [loader.decode(source["test"][i]) for i in range(size)]
+    train, validation = split_validation(source["train"], t.validation_size, cfg.eval.problems)
     if cfg.model.kind is ModelKind.TINY:
         tokenizer = CharTokenizer()
         prompt_len = 1 + t.operands * (t.digits + 1)  # bos, operands, operators and "="
         stop = (CharTokenizer.eos_id,)
     else:
         prompt_len, stop = 0, (tokenizer.eos_id,)
-    task = implementation(tokenizer, source["train"], test, t.max_prompt_tokens or prompt_len, stop)
+    task = implementation(
+        tokenizer, train, test, t.max_prompt_tokens or prompt_len, stop, validation
+    )
     if task.prompt_len:
         return task
-    train = (loader.decode(source["train"][i]) for i in range(len(source["train"])))
-    return fit_prompt_len(task, itertools.chain(train, test), bucket=_PROMPT_BUCKET)
+    every = (loader.decode(source["train"][i]) for i in range(len(source["train"])))
+    return fit_prompt_len(task, itertools.chain(every, test), bucket=_PROMPT_BUCKET)
 
 
 def fit_prompt_len(task: Task, examples, bucket: int = 1) -> Task:

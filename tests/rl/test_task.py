@@ -82,3 +82,35 @@ def test_pretrained_prompt_width_fits_the_longest_prompt_unless_configured(tmp_p
     assert tokens.shape == (4, task.prompt_len) and mask.any(axis=1).all()
     fixed = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, max_prompt_tokens=200))
     assert load_task(fixed, tok, tmp_path / "data").prompt_len == 200
+
+
+def test_validation_split_is_held_out_of_training_and_disjoint_from_test():
+    import pytest
+
+    from kjax.rl.task import split_validation
+
+    train = [{"id": f"p{i}", "question": "q", "answer": i} for i in range(10)]
+    rest, validation = split_validation(train, 3, problems=2)
+    assert [rest[i]["id"] for i in range(len(rest))] == [f"p{i}" for i in range(7)]
+    assert [e["id"] for e in validation] == ["p7", "p8"]  # eval.problems of the 3 held out
+    with pytest.raises(IndexError):
+        rest[7]  # a held-out problem is never reachable through the train split
+    assert split_validation(train, 0, problems=5) == (train, [])
+    with pytest.raises(ValueError, match="task.validation_size=10"):
+        split_validation(train, 10, problems=5)
+
+
+def test_validation_eval_needs_a_validation_split():
+    import dataclasses
+
+    import pytest
+
+    from kjax.rl.config import EvalConfig, TaskConfig, TrainConfig
+
+    cfg = TrainConfig(eval=EvalConfig(split="validation", problems=8))
+    with pytest.raises(ValueError, match="eval.split.*validation_size"):
+        cfg.validate(1)
+    ok = dataclasses.replace(cfg, task=TaskConfig(validation_size=100))
+    assert ok.validate(1) is ok
+    with pytest.raises(ValueError, match="task.validation_size"):
+        dataclasses.replace(cfg, task=TaskConfig(train_size=50, validation_size=50)).validate(1)
