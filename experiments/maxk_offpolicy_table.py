@@ -4,9 +4,10 @@
 
 Budget (tiny_arith, CPU): per seed the shared SFT warm start, then 100 RL steps of 16
 prompts x 16 samples with the max@k objective (k = 8, PKPO's LOO-minus-one) and PPO
-(clip 0.2): 3 epochs per rollout with the rollout's fixed advantages; 3 epochs with the
-exact off-policy max@k advantages (rl.offpolicy_max_at_k = EXACT); 3 epochs with their
-first-order (LINEAR) form; and 1 epoch (on-policy). The same samples for every arm.
+(clip 0.2, one ratio per sequence): 3 epochs per rollout with the rollout's fixed
+advantages; 3 epochs with the exact off-policy max@k advantages (rl.offpolicy_max_at_k =
+EXACT); 3 epochs with their first-order (LINEAR) form; and 1 epoch (on-policy). The same
+samples for every arm.
 Evaluation: all 200 held-out problems, 32 samples each, unbiased max@1/8/32.
 
 Deviation from the paper: the trainer has no countdown task yet (TaskKind is ARITH or
@@ -23,7 +24,14 @@ import sys
 from experiments import harness
 from experiments.configs import tiny_arith
 from experiments.harness import Arm, Claim
-from kjax.rl.config import Objective, ObjectiveConfig, OffPolicyMaxAtK, PolicyLoss, StepConfig
+from kjax.rl.config import (
+    Objective,
+    ObjectiveConfig,
+    OffPolicyMaxAtK,
+    PolicyLoss,
+    RatioLevel,
+    StepConfig,
+)
 
 STEPS, B, N, K, N_EVAL = 100, 16, 16, 8, 32
 
@@ -39,7 +47,10 @@ def base(seed: int, smoke: bool):
 def ppo(epochs: int, mode: OffPolicyMaxAtK):
     def make(cfg):
         k = min(K, cfg.samples // 2)
-        rl = StepConfig(loss=PolicyLoss.PPO, epochs=epochs, offpolicy_max_at_k=mode)
+        # Every arm clips one sequence ratio per sample (rl.ratio_level = SEQUENCE), which
+        # the exact update needs; so the arms differ only in their advantages.
+        rl = StepConfig(loss=PolicyLoss.PPO, epochs=epochs, ratio_level=RatioLevel.SEQUENCE,
+                        offpolicy_max_at_k=mode)  # fmt: skip
         return dataclasses.replace(cfg, rl=rl, objective=ObjectiveConfig(Objective.MAX_AT_K, k=k))
 
     return make
