@@ -1,0 +1,343 @@
+"""The harness's statistics against scipy and their definitions (one-sided and TOST
+p-values, Holm, MDE, verdicts), its structured metric keys, provenance, and a run that
+fails: a broken arm stops the table, a diverged one is a row. No model is trained here."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import itertools
+import json
+import math
+import os
+import pathlib
+import platform
+import re
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from experiments import harness
+from experiments.harness import Arm, Claim, ClaimKind, MetricKey
+
+# Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
+# t-interval at exactly mean +- t_{0.975,4} sd / sqrt(5).
+Z = np.array([-1.3, -0.4, 0.1, 0.5, 1.1])
+Z = (Z - Z.mean()) / Z.std(ddof=1)
+
+
+def diffs_with_interval(low: float, high: float, level: float = 0.95) -> np.ndarray:
+    """Paired differences over 5 seeds whose `level` t-interval is [low, high]."""
+    t = stats.t.ppf(0.5 + level / 2, len(Z) - 1)
+    return (low + high) / 2 + (high - low) / 2 * math.sqrt(len(Z)) / t * Z
+
+
+def rows_of(values: dict[str, list[float]]) -> list[dict]:
+    """Finished rows of metric "m", arms x seeds."""
+    return [
+        {"arm": arm, "seed": s, "status": "ok", "metrics": {"m": float(v)}}
+        for arm, vs in values.items()
+        for s, v in enumerate(vs)
+    ]
+
+
+# ------------------------------------------------------------------------------ p-values
+
+
+@pytest.mark.parametrize("delta", [0.0, -0.02, 0.05])
+def test_one_sided_p_is_scipys_paired_t_test(delta):
+    a = np.array([0.52, 0.61, 0.48, 0.57, 0.66, 0.50])
+    b = np.array([0.47, 0.55, 0.49, 0.50, 0.58, 0.51])
+    for alternative, p in (("greater", harness.p_greater), ("less", harness.p_less)):
+        ref = stats.ttest_rel(a, b + delta, alternative=alternative).pvalue
+        assert p(a - b, delta) == pytest.approx(ref, rel=1e-10)
+    assert math.isnan(harness.p_greater([0.1]))  # one seed: no test
+
+
+def test_tost_p_is_below_5_percent_exactly_when_the_90_percent_interval_is_inside():
+    for low, high in ((-0.019, 0.015), (-0.021, 0.015), (-0.01, 0.0201), (0.03, 0.05)):
+        d = diffs_with_interval(low, high, level=0.90)
+        ref = max(
+            stats.ttest_1samp(d, -0.02, alternative="greater").pvalue,
+            stats.ttest_1samp(d, 0.02, alternative="less").pvalue,
+        )
+        assert harness.p_tost(d, 0.02) == pytest.approx(ref, rel=1e-10)
+        assert (harness.p_tost(d, 0.02) < 0.05) == (-0.02 < low and high < 0.02)
+
+
+# ---------------------------------------------------------------------------------- Holm
+
+
+def test_holm_by_hand():
+    # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max.
+    adjusted = harness.holm([0.01, 0.04, 0.03, 0.005])
+    np.testing.assert_allclose(adjusted, [0.03, 0.06, 0.06, 0.02], rtol=1e-12)
+    adjusted = harness.holm([0.3, math.nan, 0.6])  # a claim without seeds is not tested
+    np.testing.assert_allclose(adjusted, [0.6, math.nan, 0.6])
+
+
+def test_holm_is_closed_testing_with_bonferroni():
+    """Holm's adjusted p_i = max over every subset S holding i of min(1, |S| min_{j in S} p_j)
+    (the closed testing procedure with Bonferroni local tests), by enumeration."""
+    p = np.array([0.012, 0.3, 0.004, 0.02, 0.2, 0.04])
+    ref = []
+    for i in range(len(p)):
+        subsets = (
+            s for r in range(1, len(p) + 1) for s in itertools.combinations(range(len(p)), r)
+        )
+        ref.append(max(min(1.0, len(s) * p[list(s)].min()) for s in subsets if i in s))
+    np.testing.assert_allclose(harness.holm(p), ref, rtol=1e-12)
+
+
+def test_a_table_judges_its_claims_together():
+    """Three against-0 claims with one-sided p 0.001, 0.02, 0.5: alone, the second is
+    reproduced (0.02 < 0.025); in the table its Holm p is 2 x 0.02 = 0.04 and it is not."""
+    n = len(Z)
+    values = {
+        f"a{i}": stats.t.isf(p, n - 1) / math.sqrt(n) + Z for i, p in enumerate((0.001, 0.02, 0.5))
+    }
+    claims = [Claim(f"c{i}", "", "m", f"a{i}", None, equivalence_margin=0.01) for i in range(3)]
+    rows = rows_of(values)
+    judged = harness.judge_all(rows, claims)
+    np.testing.assert_allclose([j["p"] for j in judged], [0.001, 0.02, 0.5], rtol=1e-9)
+    np.testing.assert_allclose([j["p_holm"] for j in judged], [0.003, 0.04, 0.5], rtol=1e-9)
+    assert [j["verdict"] for j in judged] == [
+        harness.REPRODUCED,
+        harness.INCONCLUSIVE,
+        harness.INCONCLUSIVE,
+    ]
+    assert harness.judge(rows, claims[1])["verdict"] == harness.REPRODUCED
+
+
+# ------------------------------------------------------------------------------ verdicts
+
+
+def interval_verdict(kind: ClaimKind, d: np.ndarray, margin: float, eq: float) -> str:
+    """The verdict of one claim read off its t-intervals (no p-values): 95% for a one-sided
+    test at 2.5%, 90% for two one-sided tests at 5%."""
+    _, low, high = harness.t_interval(d)
+    half90 = stats.t.ppf(0.95, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    low90, high90 = d.mean() - half90, d.mean() + half90
+    reproduced, opposite = {
+        ClaimKind.GREATER: (low > 0, high < 0),
+        ClaimKind.LESS: (high < 0, low > 0),
+        ClaimKind.NONINFERIOR: (low > -margin, high < -margin),
+        ClaimKind.EQUIVALENT: (-margin < low90 and high90 < margin, low > margin or high < -margin),
+    }[kind]
+    if reproduced:
+        return harness.REPRODUCED
+    if opposite:
+        return harness.OPPOSITE
+    return harness.no_effect(eq) if -eq < low90 and high90 < eq else harness.INCONCLUSIVE
+
+
+INTERVALS = [
+    (0.01, 0.05),
+    (-0.05, -0.01),
+    (-0.01, 0.05),
+    (-0.015, -0.001),
+    (-0.05, -0.025),
+    (-0.03, 0.05),
+    (-0.01, 0.015),
+    (-0.01, 0.021),
+    (0.03, 0.05),
+    (-0.02, 0.02),
+    (-0.2, 0.3),
+    (-0.021, -0.019),
+]
+
+
+@pytest.mark.parametrize("kind", list(ClaimKind))
+@pytest.mark.parametrize(("low", "high"), INTERVALS)
+def test_verdict_of_one_claim_is_its_interval_reading(kind, low, high):
+    d = diffs_with_interval(low, high)
+    rows = rows_of({"a": d})
+    claim = Claim("x", "", "m", "a", None, kind, margin=0.02, equivalence_margin=0.03)
+    assert harness.judge(rows, claim)["verdict"] == interval_verdict(kind, d, 0.02, 0.03)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"),
+    [
+        (-0.015, -0.001, harness.REPRODUCED),  # below 0 but inside the margin
+        (-0.05, -0.025, harness.OPPOSITE),  # worse by more than the margin
+        (-0.03, 0.05, harness.INCONCLUSIVE),
+    ],
+)
+def test_noninferiority_is_judged_against_the_margin_not_zero(low, high, expected):
+    rows = rows_of({"a": diffs_with_interval(low, high)})
+    claim = Claim("x", "", "m", "a", None, ClaimKind.NONINFERIOR, margin=0.02)
+    assert harness.judge(rows, claim)["verdict"] == expected
+
+
+def test_a_null_result_bounds_the_effect():
+    rows = rows_of({"a": 0.001 + 0.005 * Z})  # 90% interval about [-0.004, 0.006]
+    j = harness.judge(rows, Claim("x", "", "m", "a", None))
+    assert j["verdict"] == harness.no_effect(0.03) == "not reproduced (no effect larger than 0.03)"
+    assert j["p_equivalent"] < 0.05 < j["p"]
+
+
+# ----------------------------------------------------------------------------------- MDE
+
+
+@pytest.mark.parametrize("n", [5, 10, 30])
+def test_mde_has_80_percent_power_under_the_noncentral_t(n):
+    sd = 0.07
+    effect = harness.mde(sd, n)
+    df = n - 1
+    power = stats.nct.sf(stats.t.ppf(0.975, df), df, effect * math.sqrt(n) / sd)
+    assert power == pytest.approx(0.8, abs=0.01)
+
+
+def test_seeds_for_mde_is_the_fewest_that_reach_the_target():
+    sd, target = 0.05, 0.03
+    n = harness.seeds_for_mde(sd, target)
+    assert harness.mde(sd, n) <= target < harness.mde(sd, n - 1)
+    assert harness.seeds_for_mde(0.0, target) == 2
+    with pytest.raises(ValueError, match="target > 0"):
+        harness.seeds_for_mde(sd, 0.0)
+
+
+# ---------------------------------------------------------------------------- metric keys
+
+
+def test_metric_keys_are_structured():
+    for key in (MetricKey("pass", 8), MetricKey("maj", 16), MetricKey("pass", 256, "epoch1")):
+        assert MetricKey.parse(str(key)) == key
+    assert str(MetricKey("pass", 256, "epoch1")) == "epoch1/pass@256"
+    assert MetricKey.find("eval/max@32") == MetricKey("max", 32, "eval")
+    assert MetricKey.find("gradvar") is None
+    for bad in ("pass@", "pass@x", "@8", "pass@0", "pass@8@2", "epoch1/@4"):
+        with pytest.raises(ValueError, match="is not NAME@K"):
+            MetricKey.find(bad)
+
+
+# ----------------------------------------------------------------------------- provenance
+
+
+def test_provenance_records_versions_machine_and_commit():
+    p = harness.provenance()
+    for package in ("jax", "jaxlib", "flax", "optax", "numpy"):
+        assert p["versions"][package] == importlib.metadata.version(package)
+    assert p["versions"]["jax"] == jax.__version__ and p["versions"]["numpy"] == np.__version__
+    assert p["versions"]["python"] == platform.python_version()
+    assert p["cores"] == os.cpu_count()
+    assert p["backend"] == jax.default_backend() and len(p["devices"]) == jax.device_count()
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [
+            line.partition(":")[2].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        assert p["cpu"] == (names[0] if names else platform.processor() or "unknown")
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", p["commit"])
+    assert json.loads(json.dumps(p)) == p
+
+
+def test_git_commit_is_head_with_a_dirty_mark(tmp_path, monkeypatch):
+    def git(*args):
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
+    assert harness.git_commit(tmp_path) == "unknown"  # not a checkout
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("commit", "-qm", "c")
+    head = git("rev-parse", "HEAD").stdout.strip()
+    assert harness.git_commit(tmp_path) == head
+    (tmp_path / "new.txt").write_text("untracked files do not make a tree dirty")
+    assert harness.git_commit(tmp_path) == head
+    (tmp_path / "f.txt").write_text("b")
+    assert harness.git_commit(tmp_path) == head + "-dirty"
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    assert harness.git_commit(tmp_path) == "unknown"
+
+
+# ---------------------------------------------------------------------------- runs, CLI
+
+
+@dataclasses.dataclass(frozen=True)
+class _SFT:
+    steps: int = 0  # no warm start to build
+    cache_dir: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Just enough of a TrainConfig for with_seed and warm_start."""
+
+    seed: int = 0
+    sft: _SFT = _SFT()
+    value: float = 0.5
+
+
+def _execute(table, arm, seed, run_dir, ctx):
+    cfg = arm.make(harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir))
+    if not math.isfinite(cfg.value):
+        raise FloatingPointError("loss is not finite at RL step 3\nmore")
+    return {"m": cfg.value + 0.01 * seed}
+
+
+def _table(*arms: Arm) -> harness.Table:
+    claims = (Claim("1", "b beats a", "m", arms[-1].name, arms[0].name),)
+    return harness.Table(
+        "t",
+        "t",
+        arms,
+        claims,
+        (("m", "m"),),
+        lambda seed, smoke: _Config(),
+        "b",
+        execute=_execute,
+        plot=lambda *a: None,
+    )
+
+
+def test_a_broken_arm_stops_the_table(tmp_path, capsys):
+    def broken(cfg):
+        raise AttributeError("'Config' object has no attribute 'objectiv'")
+
+    table = _table(Arm("a", lambda c: c), Arm("broken", broken))
+    ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=False, log=lambda *a: None)
+    with pytest.raises(harness.ArmFailed, match=r"arm 'broken' at seed 0 .*AttributeError") as e:
+        harness.run_one(table, table.arms[1], 0, ctx)
+    assert isinstance(e.value.__cause__, AttributeError)
+    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "error: table t: arm 'broken' at seed 0 failed with AttributeError" in err
+    assert not (tmp_path / "t.md").exists()  # no table from a broken arm
+    assert (tmp_path / "runs" / "a" / "seed0" / "result.json").exists()  # kept for the rerun
+    assert not (tmp_path / "runs" / "broken" / "seed0" / "result.json").exists()
+
+
+def test_diverged_runs_are_rows_and_every_output_has_provenance(tmp_path):
+    nan = lambda c: dataclasses.replace(c, value=math.nan)  # noqa: E731
+    table = _table(Arm("a", lambda c: c), Arm("nan", nan), Arm("b", lambda c: c))
+    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r["status"]) for r in rows] == [
+        ("a", "ok"),
+        ("nan", "diverged"),
+        ("b", "ok"),
+    ] * 2
+    assert rows[1]["error"] == "loss is not finite at RL step 3"
+    assert all(r["provenance"]["commit"] == rows[0]["provenance"]["commit"] for r in rows)
+    text = (tmp_path / "t.md").read_text()
+    assert "Diverged: nan (seed 0), nan (seed 1)" in text
+    assert "each directional claim is a one-sided paired t-test at 2.5%" in text
+    assert f"Written at commit {rows[0]['provenance']['commit']}" in text
+    claims = json.loads((tmp_path / "t.claims.json").read_text())
+    assert claims["provenance"]["versions"] == rows[0]["provenance"]["versions"]
+    (j,) = claims["claims"]  # b - a = 0 on both seeds: no spread, no effect
+    assert j["seeds"] == 2 and j["p"] == 1.0 and j["p_holm"] == 1.0
+    assert j["verdict"] == harness.no_effect(0.03)
