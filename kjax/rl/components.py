@@ -85,7 +85,8 @@ def build_model(cfg: TrainConfig, mesh: Mesh):
             eos_ids=(CharTokenizer.eos_id,),
             max_position_embeddings=256,
         )
-        make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(cfg.seed)))  # noqa: E731
+        init = cfg.seed if cfg.sft.seed is None else cfg.sft.seed  # part of the warm start
+        make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(init)))  # noqa: E731
         return config, sharding.create_sharded(make, mesh).params(), None
     if m.kind is ModelKind.PRETRAINED:
         from kjax.models import pretrained
@@ -104,11 +105,12 @@ def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log
     if not cfg.sft.steps:
         return params
     sft_dir = cfg.sft.cache_dir or workdir / "sft"
+    seed = cfg.seed if cfg.sft.seed is None else cfg.sft.seed
     identity = {
         "model": to_json(cfg.model),
         "task": to_json(cfg.task),
         "sft": {**to_json(cfg.sft), "cache_dir": ""},
-        "seed": cfg.seed,
+        "seed": seed,
     }
     multihost.leader_first("sft", lambda: checkpoint.ensure_workdir(sft_dir, identity))
     return sft.warm_start(
@@ -119,7 +121,7 @@ def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log
         mesh,
         sft_dir,
         identity,
-        cfg.seed,
+        seed,
         cfg.max_new_tokens,
         cfg.model.compute_dtype,
         log,
