@@ -19,9 +19,10 @@ import sys
 
 import numpy as np
 
-from experiments import harness
+from experiments import claims, harness
+from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
-from experiments.harness import Arm, Claim, ClaimKind
+from experiments.harness import Arm
 from kjax.rl.config import SFTLoss
 
 EPOCHS, SUBSET, BATCH, N_EVAL = 8, 1000, 64, 256
@@ -107,10 +108,10 @@ def plot(table, rows, path) -> None:
         for arm in table.arms:
             epochs, stats = [], []
             for e in range(EPOCHS + 1):
-                vals = list(harness.values(rows, arm.name, f"epoch{e}/pass@{k}").values())
+                vals = list(claims.values(rows, arm.name, f"epoch{e}/pass@{k}").values())
                 if vals:
                     epochs.append(e)
-                    stats.append(harness.t_interval(vals))
+                    stats.append(claims.t_interval(vals))
             if stats:
                 m, lo, hi = (np.array(x) for x in zip(*stats, strict=True))
                 ax.plot(epochs, m, marker="o", label=arm.name)

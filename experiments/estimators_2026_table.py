@@ -25,8 +25,9 @@ import sys
 import numpy as np
 
 from experiments import harness
+from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
-from experiments.harness import Arm, Claim, ClaimKind
+from experiments.harness import Arm
 from kjax.rl.config import MaxAtKEstimator, Objective, ObjectiveConfig
 
 STEPS, B, N, K, BATCHES = 100, 16, 16, 8, 16

@@ -8,20 +8,8 @@ runs are skipped. Every arm of a seed warm-starts from the same SFT checkpoint
 (SFT_DIR/seedS, shared through SFTConfig.cache_dir) and is evaluated on the same
 held-out problems with the same sample count, with kjax's unbiased estimators.
 
-Statistics. Per arm: mean and 95% Student-t interval over seeds. Per claim: the paired
-differences d_s = metric(arm, s) - metric(baseline, s) (same seed, same warm start) and
-their 95% two-sided t-interval, i.e. each directional claim is a one-sided paired t-test at
-2.5% (GREATER: H1 mean d > 0; LESS: mean d < 0; NONINFERIOR: mean d > -margin). An
-EQUIVALENT claim is two one-sided tests (TOST) at 5%, p the larger of the two (the 90%
-interval inside [-margin, margin]). The claims of one table are one family: every raw p is
-Holm-adjusted over the table's claims, and a claim is "reproduced" when its adjusted p is
-below 0.025 (0.05 for TOST), so the table's family-wise error is at most 5%. "opposite":
-the test of the other direction passes the same way (NONINFERIOR: inferior beyond the
-margin; EQUIVALENT: outside the margin, either side). Otherwise, when TOST shows d
-equivalent to 0 within the claim's equivalence_margin m (Holm-adjusted p < 0.05), "not
-reproduced (no effect larger than m)"; else "not reproduced (inconclusive)". MDE (80%):
-(t_{0.975,n-1} + t_{0.8,n-1}) sd(d) / sqrt(n), the true difference a one-sided 2.5% test
-detects with 80% power at the observed paired sd (before the Holm correction).
+Statistics (per-arm intervals, paired claims, Holm, TOST, MDE): experiments.claims.
+Provenance of every row and table: experiments.provenance.
 
 Diverged runs (non-finite loss, FloatingPointError) are rows with status "diverged": counted
 in the table, left out of differences. Any other exception of an arm stops the table
@@ -33,45 +21,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import json
 import math
-import os
 import pathlib
-import platform
 import re
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
-REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "not reproduced (inconclusive)"
-ALPHA = 0.025  # each directional claim: one side of the two-sided 95% interval
-ALPHA_TOST = 0.05  # each of an equivalence's two one-sided tests: the 90% interval
-TEST = (
-    "Test: the paired 95% two-sided t-interval over seeds, i.e. each directional claim is a "
-    "one-sided paired t-test at 2.5% (an equivalence: two one-sided tests at 5%); the claims "
-    "of this table are judged together (Holm), and 'reproduced' needs the Holm-adjusted p "
-    "below 0.025 (0.05 for an equivalence). 'no effect larger than m': the paired difference "
-    "is equivalent to 0 within +-m (two one-sided tests at 5%, Holm-adjusted). MDE (80%): the "
-    "true difference a one-sided 2.5% test detects with 80% power at the observed paired sd."
+from experiments.claims import (  # re-exported: table modules build claims from harness
+    TEST,
+    Claim,
+    claims_table,
+    fmt,
+    judge_all,
+    t_interval,
+    values,
 )
-
-
-def no_effect(margin: float) -> str:
-    """The verdict of a claim not reproduced whose difference is within +-margin of 0."""
-    return f"not reproduced (no effect larger than {margin:g})"
-
-
-class ClaimKind(enum.Enum):
-    GREATER = "greater"  # the paper: arm > baseline
-    LESS = "less"  # the paper: arm < baseline
-    EQUIVALENT = "equivalent"  # the paper: arm matches baseline (|diff| <= margin)
-    NONINFERIOR = "noninferior"  # the paper: arm at least as good (diff >= -margin)
+from experiments.provenance import provenance, provenance_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +50,6 @@ class Arm:
 
     name: str
     make: Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-    """One paired comparison: metric(arm) - metric(baseline) over the same seeds."""
-
-    id: str
-    text: str  # the paper's statement and numbers
-    metric: str
-    arm: str
-    baseline: str | None  # None: the arm's own value against 0 (e.g. a change over epochs)
-    kind: ClaimKind = ClaimKind.GREATER
-    margin: float = 0.0  # EQUIVALENT: the interval within +- margin; NONINFERIOR: > -margin
-    equivalence_margin: float = 0.03  # a null result rules out effects larger than this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,71 +115,6 @@ class MetricKey:
     def find(cls, key: str) -> MetricKey | None:
         """parse(key) for a k-sample metric; None for a scalar one (no '@': 'gradvar')."""
         return cls.parse(key) if "@" in key else None
-
-
-# ----------------------------------------------------------------------------- provenance
-
-
-def git_commit(repo: pathlib.Path = pathlib.Path(__file__).parent) -> str:
-    """HEAD of the git checkout holding `repo`, "-dirty" if tracked files differ from it;
-    "unknown" without git or outside a checkout."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True
-        )
-        return done.stdout.strip()
-
-    try:
-        head = git("rev-parse", "HEAD")
-        changes = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("-dirty" if changes else "")
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."""
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def provenance() -> dict:
-    """Where a result was computed: package versions, CPU, cores, JAX devices, git commit."""
-    import importlib.metadata
-
-    import jax
-
-    def version(package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    versions = {p: version(p) for p in ("jax", "jaxlib", "flax", "optax", "numpy")}
-    return {
-        "versions": {**versions, "python": platform.python_version()},
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "backend": jax.default_backend(),
-        "devices": [d.device_kind for d in jax.devices()],
-        "commit": git_commit(),
-    }
-
-
-def provenance_line(p: dict) -> str:
-    versions = ", ".join(f"{k} {v}" for k, v in p["versions"].items())
-    devices = sorted(set(p["devices"]))
-    return (
-        f"Written at commit {p['commit']} with {versions}; {p['cpu']} ({p['cores']} cores); "
-        f"JAX backend {p['backend']}, {len(p['devices'])} device(s) ({', '.join(devices)}). "
-        "Each JSONL row records the provenance of its run."
-    )
 
 
 # ---------------------------------------------------------------------------------- runs
@@ -388,173 +279,6 @@ def merge(table: Table, rows: list[dict], extra: dict) -> None:
             row["metrics"].update(table.derive(row["metrics"]))
 
 
-# ----------------------------------------------------------------------------- statistics
-
-
-def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high) of the 95% Student-t interval; low = high = nan for < 2 values."""
-    x = np.asarray(values, float)
-    if len(x) == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-    return mean, mean - half, mean + half
-
-
-def p_greater(d: Sequence[float], delta: float = 0.0) -> float:
-    """p of the one-sided paired t-test of H1: mean(d) > delta, d: [seeds] paired
-    differences; nan for < 2 seeds. Zero spread: 0 if mean(d) > delta, else 1."""
-    d = np.asarray(d, float)
-    if len(d) < 2:
-        return math.nan
-    se, shift = d.std(ddof=1) / math.sqrt(len(d)), float(d.mean()) - delta
-    if se == 0:
-        return 0.0 if shift > 0 else 1.0
-    return float(stats.t.sf(shift / se, len(d) - 1))
-
-
-def p_less(d: Sequence[float], delta: float = 0.0) -> float:
-    """p of the one-sided paired t-test of H1: mean(d) < delta."""
-    return p_greater(-np.asarray(d, float), -delta)
-
-
-def p_tost(d: Sequence[float], margin: float) -> float:
-    """p of two one-sided tests of H1: -margin < mean(d) < margin, the larger of the two
-    (below 0.05 exactly when the 90% t-interval lies inside [-margin, margin])."""
-    return float(np.maximum(p_greater(d, -margin), p_less(d, margin)))
-
-
-def claim_p(kind: ClaimKind, d: Sequence[float], margin: float = 0.0) -> tuple[float, float]:
-    """(p of the claim, p of its opposite) on the paired differences d: [seeds]; compare
-    each with alpha(kind)."""
-    if kind is ClaimKind.GREATER:
-        return p_greater(d), p_less(d)
-    if kind is ClaimKind.LESS:
-        return p_less(d), p_greater(d)
-    if kind is ClaimKind.NONINFERIOR:  # the opposite: inferior by more than the margin
-        return p_greater(d, -margin), p_less(d, -margin)
-    # EQUIVALENT's opposite: outside the margin on either side, each side at alpha / 2.
-    return p_tost(d, margin), float(
-        np.minimum(1.0, 2 * np.minimum(p_greater(d, margin), p_less(d, -margin)))
-    )
-
-
-def alpha(kind: ClaimKind) -> float:
-    return ALPHA_TOST if kind is ClaimKind.EQUIVALENT else ALPHA
-
-
-def holm(p: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values: the i-th smallest of the m p's becomes
-    max_{j <= i} min(1, (m - j + 1) p_(j)). nan (a claim without two seeds) stays nan and
-    is not counted in m."""
-    p = np.asarray(p, float)
-    out = np.full_like(p, math.nan)
-    tested = np.flatnonzero(~np.isnan(p))
-    running = 0.0
-    for i, j in enumerate(tested[np.argsort(p[tested], kind="stable")]):
-        running = max(running, min(1.0, (len(tested) - i) * p[j]))
-        out[j] = running
-    return out
-
-
-def mde(sd_diff: float, n_seeds: int, alpha: float = ALPHA, power: float = 0.8) -> float:
-    """Minimum detectable effect of a one-sided paired t-test at level alpha with the given
-    power: (t_{1-alpha,n-1} + t_{power,n-1}) sd_diff / sqrt(n); nan for < 2 seeds."""
-    if n_seeds < 2 or not math.isfinite(sd_diff):
-        return math.nan
-    df = n_seeds - 1
-    return float(
-        (stats.t.ppf(1 - alpha, df) + stats.t.ppf(power, df)) * sd_diff / math.sqrt(n_seeds)
-    )
-
-
-def seeds_for_mde(sd_diff: float, target: float, alpha: float = ALPHA, power: float = 0.8) -> int:
-    """The fewest seeds (>= 2) whose mde(sd_diff, n) is at most target (mde falls with n)."""
-    if not (target > 0 and math.isfinite(sd_diff)):
-        raise ValueError(f"seeds_for_mde needs target > 0 and a finite sd; got {target}, {sd_diff}")
-    low, high = 1, 2  # mde(low) > target >= mde(high), low = 1 standing for "too few"
-    while mde(sd_diff, high, alpha, power) > target:
-        low, high = high, 2 * high
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if mde(sd_diff, mid, alpha, power) > target else (low, mid)
-    return high
-
-
-def verdict(
-    kind: ClaimKind,
-    p: float,
-    p_opposite: float,
-    p_equivalent: float = math.nan,
-    equivalence_margin: float = 0.03,
-) -> str:
-    """The verdict from (Holm-adjusted) p's of claim_p and of p_tost(d, equivalence_margin)."""
-    if p < alpha(kind):
-        return REPRODUCED
-    if p_opposite < alpha(kind):
-        return OPPOSITE
-    if p_equivalent < ALPHA_TOST:
-        return no_effect(equivalence_margin)
-    return INCONCLUSIVE
-
-
-def values(rows: list[dict], arm: str, metric: str) -> dict[int, float]:
-    """{seed: value} of the arm's finished runs."""
-    return {r["seed"]: r["metrics"][metric] for r in rows
-            if r["arm"] == arm and r["status"] == "ok" and metric in r["metrics"]}  # fmt: skip
-
-
-def differences(rows: list[dict], claim: Claim) -> list[float]:
-    """The claim's paired differences, [seeds where both arms finished]."""
-    a = values(rows, claim.arm, claim.metric)
-    b = values(rows, claim.baseline, claim.metric) if claim.baseline else dict.fromkeys(a, 0.0)
-    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
-
-
-def judge_all(rows: list[dict], claims: Sequence[Claim]) -> list[dict]:
-    """Every claim of a table, judged together: raw and Holm-adjusted p's, the 95% interval
-    of the paired difference, its MDE (80%) and the verdict."""
-    out = []
-    for c in claims:
-        d = differences(rows, c)
-        mean, low, high = t_interval(d)
-        sd = float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
-        p, p_opposite = claim_p(c.kind, d, c.margin)
-        j = dict(claim=c.id, kind=c.kind.value, metric=c.metric, arm=c.arm, baseline=c.baseline)
-        j.update(margin=c.margin, seeds=len(d), mean=mean, low=low, high=high, sd=sd)
-        j.update(p=p, p_opposite=p_opposite, equivalence_margin=c.equivalence_margin)
-        j["p_equivalent"] = p_tost(d, c.equivalence_margin)
-        j["mde"] = mde(sd, len(d))
-        j["seeds_for_mde"] = seeds_for_mde(sd, c.equivalence_margin) if len(d) > 1 else None
-        out.append(j)
-    for key in ("p", "p_opposite", "p_equivalent"):
-        for j, adjusted in zip(out, holm([j[key] for j in out]), strict=True):
-            j[f"{key}_holm"] = float(adjusted)
-    for c, j in zip(claims, out, strict=True):
-        p_holm = (j["p_holm"], j["p_opposite_holm"], j["p_equivalent_holm"])
-        j["verdict"] = verdict(c.kind, *p_holm, c.equivalence_margin)
-    return out
-
-
-def judge(rows: list[dict], claim: Claim) -> dict:
-    """One claim alone (a family of one: no multiplicity correction); judge_all for a table."""
-    return judge_all(rows, [claim])[0]
-
-
-def fmt(mean: float, low: float, high: float, digits: int = 3) -> str:
-    if not math.isfinite(mean):
-        return "n/a"
-    if not math.isfinite(low):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-
-
-def fmt_p(p: float) -> str:
-    return "n/a" if not math.isfinite(p) else f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
-
-
 def arm_table(rows: list[dict], arms: Sequence[str], columns) -> str:
     head = "| arm | " + " | ".join(label for label, _ in columns) + " | runs |"
     lines = [head, "|" + "---|" * (len(columns) + 2)]
@@ -571,44 +295,6 @@ def arm_table(rows: list[dict], arms: Sequence[str], columns) -> str:
         cells = [fmt(*t_interval(list(values(rows, first, key).values()))) for key in start]
         n = len(values(rows, first, start[0]))
         lines.append("| SFT warm start (before RL) | " + " | ".join(cells) + f" | {n} ok |")
-    return "\n".join(lines)
-
-
-def hypothesis(c: Claim) -> str:
-    """The claim's one-sided alternative, as the tests table writes it."""
-    if c.kind is ClaimKind.EQUIVALENT:
-        return f"abs(diff) < {c.margin:g} (TOST)"
-    bound = -c.margin if c.kind is ClaimKind.NONINFERIOR else 0.0
-    return f"diff {'<' if c.kind is ClaimKind.LESS else '>'} {bound:g}"
-
-
-def claims_table(claims: Sequence[Claim], judged: Sequence[dict]) -> str:
-    """The verdicts (7 cells a row: notebook 02 reads the verdict from the 7th), then the
-    tests behind them (8 cells a row)."""
-    lines = [
-        "| claim | paper | metric | arm - baseline | paired diff [95% CI] | seeds | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for c, j in zip(claims, judged, strict=True):
-        vs = f"{c.arm} - {c.baseline}" if c.baseline else f"{c.arm} (vs 0)"
-        diff = fmt(j["mean"], j["low"], j["high"])
-        lines.append(
-            f"| {c.id} | {c.text} | {c.metric} | {vs} | {diff} | {j['seeds']} | {j['verdict']} |"
-        )
-    lines += [
-        "",
-        "| claim | H1 | p | Holm p | MDE (80%) | m | no effect > m: p (Holm p) | "
-        "seeds for MDE = m |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c, j in zip(claims, judged, strict=True):
-        mde_ = "n/a" if not math.isfinite(j["mde"]) else f"{j['mde']:.3f}"
-        equivalent = f"{fmt_p(j['p_equivalent'])} ({fmt_p(j['p_equivalent_holm'])})"
-        lines.append(
-            f"| {c.id} | {hypothesis(c)} | {fmt_p(j['p'])} | {fmt_p(j['p_holm'])} | "
-            f"{mde_} | {c.equivalence_margin:g} | {equivalent} | "
-            f"{j['seeds_for_mde'] or 'n/a'} |"
-        )
     return "\n".join(lines)
 
 

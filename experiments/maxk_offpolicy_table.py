@@ -22,8 +22,9 @@ import dataclasses
 import sys
 
 from experiments import harness
+from experiments.claims import Claim
 from experiments.configs import tiny_arith
-from experiments.harness import Arm, Claim
+from experiments.harness import Arm
 from kjax.rl.config import (
     Objective,
     ObjectiveConfig,

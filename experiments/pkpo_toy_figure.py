@@ -21,7 +21,7 @@ import sys
 import numpy as np
 from scipy import optimize, special
 
-from experiments import harness
+from experiments import claims, harness
 
 SIGMA = 0.1
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -84,7 +84,7 @@ def report(rows: list[dict], smoke: bool) -> str:
         lines.append(f"| {r['k']} | {r['theta_opt']:.4f} | {r['J_k_at_opt']:.4f} | "
                      f"{r['J_k_monte_carlo']:.4f} +- {r['J_k_monte_carlo_se']:.1g} | "
                      f"{r['J_1_at_opt']:.4f} | {r['J_k_at_theta1']:.4f} |")  # fmt: skip
-    v = harness.REPRODUCED if increasing else harness.OPPOSITE
+    v = claims.REPRODUCED if increasing else claims.OPPOSITE
     lines += ["", "| claim | paper | verdict |", "|---|---|---|",
               f"| 5a | the max@k-optimal theta increases with k (the policy takes more risk "
               f"near the cliff at 1) | {v} (exact: theta* {thetas[0]:.4f} at k=1 -> "

@@ -19,8 +19,9 @@ import dataclasses
 import sys
 
 from experiments import harness
+from experiments.claims import Claim, ClaimKind
 from experiments.configs import smollm2_arith, tiny_arith
-from experiments.harness import Arm, Claim, ClaimKind
+from experiments.harness import Arm
 from kjax.rl.config import Objective, ObjectiveConfig
 
 STEPS, B, N, K = 20, 8, 8, 4

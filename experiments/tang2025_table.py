@@ -19,8 +19,9 @@ import dataclasses
 import sys
 
 from experiments import harness
+from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
-from experiments.harness import Arm, Claim, ClaimKind
+from experiments.harness import Arm
 from kjax.rl.config import (
     MaxAtKEstimator,
     Objective,

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import harness
-from experiments.harness import Arm, Claim, ClaimKind, MetricKey
+from experiments import claims, harness
+from experiments.claims import Claim, ClaimKind
+from experiments.harness import Arm, MetricKey
+from experiments.provenance import git_commit, provenance
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
 # t-interval at exactly mean +- t_{0.975,4} sd / sqrt(5).
@@ -51,10 +53,10 @@ def rows_of(values: dict[str, list[float]]) -> list[dict]:
 def test_one_sided_p_is_scipys_paired_t_test(delta):
     a = np.array([0.52, 0.61, 0.48, 0.57, 0.66, 0.50])
     b = np.array([0.47, 0.55, 0.49, 0.50, 0.58, 0.51])
-    for alternative, p in (("greater", harness.p_greater), ("less", harness.p_less)):
+    for alternative, p in (("greater", claims.p_greater), ("less", claims.p_less)):
         ref = stats.ttest_rel(a, b + delta, alternative=alternative).pvalue
         assert p(a - b, delta) == pytest.approx(ref, rel=1e-10)
-    assert math.isnan(harness.p_greater([0.1]))  # one seed: no test
+    assert math.isnan(claims.p_greater([0.1]))  # one seed: no test
 
 
 def test_tost_p_is_below_5_percent_exactly_when_the_90_percent_interval_is_inside():
@@ -64,8 +66,8 @@ def test_tost_p_is_below_5_percent_exactly_when_the_90_percent_interval_is_insid
             stats.ttest_1samp(d, -0.02, alternative="greater").pvalue,
             stats.ttest_1samp(d, 0.02, alternative="less").pvalue,
         )
-        assert harness.p_tost(d, 0.02) == pytest.approx(ref, rel=1e-10)
-        assert (harness.p_tost(d, 0.02) < 0.05) == (-0.02 < low and high < 0.02)
+        assert claims.p_tost(d, 0.02) == pytest.approx(ref, rel=1e-10)
+        assert (claims.p_tost(d, 0.02) < 0.05) == (-0.02 < low and high < 0.02)
 
 
 # ---------------------------------------------------------------------------------- Holm
@@ -73,9 +75,9 @@ def test_tost_p_is_below_5_percent_exactly_when_the_90_percent_interval_is_insid
 
 def test_holm_by_hand():
     # Sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max.
-    adjusted = harness.holm([0.01, 0.04, 0.03, 0.005])
+    adjusted = claims.holm([0.01, 0.04, 0.03, 0.005])
     np.testing.assert_allclose(adjusted, [0.03, 0.06, 0.06, 0.02], rtol=1e-12)
-    adjusted = harness.holm([0.3, math.nan, 0.6])  # a claim without seeds is not tested
+    adjusted = claims.holm([0.3, math.nan, 0.6])  # a claim without seeds is not tested
     np.testing.assert_allclose(adjusted, [0.6, math.nan, 0.6])
 
 
@@ -89,7 +91,7 @@ def test_holm_is_closed_testing_with_bonferroni():
             s for r in range(1, len(p) + 1) for s in itertools.combinations(range(len(p)), r)
         )
         ref.append(max(min(1.0, len(s) * p[list(s)].min()) for s in subsets if i in s))
-    np.testing.assert_allclose(harness.holm(p), ref, rtol=1e-12)
+    np.testing.assert_allclose(claims.holm(p), ref, rtol=1e-12)
 
 
 def test_a_table_judges_its_claims_together():
@@ -99,17 +101,17 @@ def test_a_table_judges_its_claims_together():
     values = {
         f"a{i}": stats.t.isf(p, n - 1) / math.sqrt(n) + Z for i, p in enumerate((0.001, 0.02, 0.5))
     }
-    claims = [Claim(f"c{i}", "", "m", f"a{i}", None, equivalence_margin=0.01) for i in range(3)]
+    family = [Claim(f"c{i}", "", "m", f"a{i}", None, equivalence_margin=0.01) for i in range(3)]
     rows = rows_of(values)
-    judged = harness.judge_all(rows, claims)
+    judged = claims.judge_all(rows, family)
     np.testing.assert_allclose([j["p"] for j in judged], [0.001, 0.02, 0.5], rtol=1e-9)
     np.testing.assert_allclose([j["p_holm"] for j in judged], [0.003, 0.04, 0.5], rtol=1e-9)
     assert [j["verdict"] for j in judged] == [
-        harness.REPRODUCED,
-        harness.INCONCLUSIVE,
-        harness.INCONCLUSIVE,
+        claims.REPRODUCED,
+        claims.INCONCLUSIVE,
+        claims.INCONCLUSIVE,
     ]
-    assert harness.judge(rows, claims[1])["verdict"] == harness.REPRODUCED
+    assert claims.judge(rows, family[1])["verdict"] == claims.REPRODUCED
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -118,7 +120,7 @@ def test_a_table_judges_its_claims_together():
 def interval_verdict(kind: ClaimKind, d: np.ndarray, margin: float, eq: float) -> str:
     """The verdict of one claim read off its t-intervals (no p-values): 95% for a one-sided
     test at 2.5%, 90% for two one-sided tests at 5%."""
-    _, low, high = harness.t_interval(d)
+    _, low, high = claims.t_interval(d)
     half90 = stats.t.ppf(0.95, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
     low90, high90 = d.mean() - half90, d.mean() + half90
     reproduced, opposite = {
@@ -128,10 +130,10 @@ def interval_verdict(kind: ClaimKind, d: np.ndarray, margin: float, eq: float) -
         ClaimKind.EQUIVALENT: (-margin < low90 and high90 < margin, low > margin or high < -margin),
     }[kind]
     if reproduced:
-        return harness.REPRODUCED
+        return claims.REPRODUCED
     if opposite:
-        return harness.OPPOSITE
-    return harness.no_effect(eq) if -eq < low90 and high90 < eq else harness.INCONCLUSIVE
+        return claims.OPPOSITE
+    return claims.no_effect(eq) if -eq < low90 and high90 < eq else claims.INCONCLUSIVE
 
 
 INTERVALS = [
@@ -156,27 +158,27 @@ def test_verdict_of_one_claim_is_its_interval_reading(kind, low, high):
     d = diffs_with_interval(low, high)
     rows = rows_of({"a": d})
     claim = Claim("x", "", "m", "a", None, kind, margin=0.02, equivalence_margin=0.03)
-    assert harness.judge(rows, claim)["verdict"] == interval_verdict(kind, d, 0.02, 0.03)
+    assert claims.judge(rows, claim)["verdict"] == interval_verdict(kind, d, 0.02, 0.03)
 
 
 @pytest.mark.parametrize(
     ("low", "high", "expected"),
     [
-        (-0.015, -0.001, harness.REPRODUCED),  # below 0 but inside the margin
-        (-0.05, -0.025, harness.OPPOSITE),  # worse by more than the margin
-        (-0.03, 0.05, harness.INCONCLUSIVE),
+        (-0.015, -0.001, claims.REPRODUCED),  # below 0 but inside the margin
+        (-0.05, -0.025, claims.OPPOSITE),  # worse by more than the margin
+        (-0.03, 0.05, claims.INCONCLUSIVE),
     ],
 )
 def test_noninferiority_is_judged_against_the_margin_not_zero(low, high, expected):
     rows = rows_of({"a": diffs_with_interval(low, high)})
     claim = Claim("x", "", "m", "a", None, ClaimKind.NONINFERIOR, margin=0.02)
-    assert harness.judge(rows, claim)["verdict"] == expected
+    assert claims.judge(rows, claim)["verdict"] == expected
 
 
 def test_a_null_result_bounds_the_effect():
     rows = rows_of({"a": 0.001 + 0.005 * Z})  # 90% interval about [-0.004, 0.006]
-    j = harness.judge(rows, Claim("x", "", "m", "a", None))
-    assert j["verdict"] == harness.no_effect(0.03) == "not reproduced (no effect larger than 0.03)"
+    j = claims.judge(rows, Claim("x", "", "m", "a", None))
+    assert j["verdict"] == claims.no_effect(0.03) == "not reproduced (no effect larger than 0.03)"
     assert j["p_equivalent"] < 0.05 < j["p"]
 
 
@@ -186,7 +188,7 @@ def test_a_null_result_bounds_the_effect():
 @pytest.mark.parametrize("n", [5, 10, 30])
 def test_mde_has_80_percent_power_under_the_noncentral_t(n):
     sd = 0.07
-    effect = harness.mde(sd, n)
+    effect = claims.mde(sd, n)
     df = n - 1
     power = stats.nct.sf(stats.t.ppf(0.975, df), df, effect * math.sqrt(n) / sd)
     assert power == pytest.approx(0.8, abs=0.01)
@@ -194,11 +196,11 @@ def test_mde_has_80_percent_power_under_the_noncentral_t(n):
 
 def test_seeds_for_mde_is_the_fewest_that_reach_the_target():
     sd, target = 0.05, 0.03
-    n = harness.seeds_for_mde(sd, target)
-    assert harness.mde(sd, n) <= target < harness.mde(sd, n - 1)
-    assert harness.seeds_for_mde(0.0, target) == 2
+    n = claims.seeds_for_mde(sd, target)
+    assert claims.mde(sd, n) <= target < claims.mde(sd, n - 1)
+    assert claims.seeds_for_mde(0.0, target) == 2
     with pytest.raises(ValueError, match="target > 0"):
-        harness.seeds_for_mde(sd, 0.0)
+        claims.seeds_for_mde(sd, 0.0)
 
 
 # ---------------------------------------------------------------------------- metric keys
@@ -219,7 +221,7 @@ def test_metric_keys_are_structured():
 
 
 def test_provenance_records_versions_machine_and_commit():
-    p = harness.provenance()
+    p = provenance()
     for package in ("jax", "jaxlib", "flax", "optax", "numpy"):
         assert p["versions"][package] == importlib.metadata.version(package)
     assert p["versions"]["jax"] == jax.__version__ and p["versions"]["numpy"] == np.__version__
@@ -248,19 +250,19 @@ def test_git_commit_is_head_with_a_dirty_mark(tmp_path, monkeypatch):
             text=True,
         )
 
-    assert harness.git_commit(tmp_path) == "unknown"  # not a checkout
+    assert git_commit(tmp_path) == "unknown"  # not a checkout
     git("init", "-q")
     (tmp_path / "f.txt").write_text("a")
     git("add", "f.txt")
     git("commit", "-qm", "c")
     head = git("rev-parse", "HEAD").stdout.strip()
-    assert harness.git_commit(tmp_path) == head
+    assert git_commit(tmp_path) == head
     (tmp_path / "new.txt").write_text("untracked files do not make a tree dirty")
-    assert harness.git_commit(tmp_path) == head
+    assert git_commit(tmp_path) == head
     (tmp_path / "f.txt").write_text("b")
-    assert harness.git_commit(tmp_path) == head + "-dirty"
+    assert git_commit(tmp_path) == head + "-dirty"
     monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
-    assert harness.git_commit(tmp_path) == "unknown"
+    assert git_commit(tmp_path) == "unknown"
 
 
 # ---------------------------------------------------------------------------- runs, CLI
@@ -289,12 +291,11 @@ def _execute(table, arm, seed, run_dir, ctx):
 
 
 def _table(*arms: Arm) -> harness.Table:
-    claims = (Claim("1", "b beats a", "m", arms[-1].name, arms[0].name),)
     return harness.Table(
         "t",
         "t",
         arms,
-        claims,
+        (Claim("1", "b beats a", "m", arms[-1].name, arms[0].name),),
         (("m", "m"),),
         lambda seed, smoke: _Config(),
         "b",
@@ -336,8 +337,8 @@ def test_diverged_runs_are_rows_and_every_output_has_provenance(tmp_path):
     assert "Diverged: nan (seed 0), nan (seed 1)" in text
     assert "each directional claim is a one-sided paired t-test at 2.5%" in text
     assert f"Written at commit {rows[0]['provenance']['commit']}" in text
-    claims = json.loads((tmp_path / "t.claims.json").read_text())
-    assert claims["provenance"]["versions"] == rows[0]["provenance"]["versions"]
-    (j,) = claims["claims"]  # b - a = 0 on both seeds: no spread, no effect
+    written = json.loads((tmp_path / "t.claims.json").read_text())
+    assert written["provenance"]["versions"] == rows[0]["provenance"]["versions"]
+    (j,) = written["claims"]  # b - a = 0 on both seeds: no spread, no effect
     assert j["seeds"] == 2 and j["p"] == 1.0 and j["p_holm"] == 1.0
-    assert j["verdict"] == harness.no_effect(0.03)
+    assert j["verdict"] == claims.no_effect(0.03)

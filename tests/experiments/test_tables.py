@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from experiments import harness
-from experiments.harness import Claim, ClaimKind
+from experiments import claims, harness
+from experiments.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpolicy_table",
@@ -57,12 +57,12 @@ def test_smoke_run_writes_table_figure_and_rows(smoke, name):
         a.name: "ok" if a.name in trained else harness.SMOKE_SKIPPED for a in table.arms
     }
     for claim in table.claims:  # every claim gets a verdict line
-        verdicts = (*VERDICTS, harness.no_effect(claim.equivalence_margin))
+        verdicts = (*VERDICTS, claims.no_effect(claim.equivalence_margin))
         assert re.search(rf"^\| {claim.id} \|.*\| ({'|'.join(map(re.escape, verdicts))}) \|$",
                          text, flags=re.M), claim.id  # fmt: skip
 
 
-VERDICTS = (harness.REPRODUCED, harness.OPPOSITE, harness.INCONCLUSIVE)
+VERDICTS = (claims.REPRODUCED, claims.OPPOSITE, claims.INCONCLUSIVE)
 
 
 def test_resume_skips_finished_runs(smoke, monkeypatch):
@@ -95,10 +95,10 @@ def test_notebook_02_redraws_smoke_outputs(smoke, monkeypatch):
 
 def test_t_interval_is_scipys_95_percent_student_interval():
     x = np.array([0.1, 0.35, 0.2, 0.05, 0.3])
-    mean, low, high = harness.t_interval(x)
+    mean, low, high = claims.t_interval(x)
     ref = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
     np.testing.assert_allclose([mean, low, high], [x.mean(), *ref], rtol=1e-12)
-    assert math.isnan(harness.t_interval([0.3])[1])  # one seed: no interval
+    assert math.isnan(claims.t_interval([0.3])[1])  # one seed: no interval
 
 
 def _rows(values: dict[str, list[float | None]]) -> list[dict]:
@@ -112,22 +112,22 @@ def test_claims_pair_by_seed_and_leave_diverged_runs_out():
     a = [0.50, 0.61, 0.40, None, 0.55]
     b = [0.45, 0.50, 0.38, 0.52, 0.41]
     rows = _rows({"a": a, "b": b})
-    j = harness.judge(rows, Claim("x", "a beats b", "m", "a", "b"))
+    j = claims.judge(rows, Claim("x", "a beats b", "m", "a", "b"))
     diffs = [x - y for x, y in zip(a, b, strict=True) if x is not None]
-    mean, low, high = harness.t_interval(diffs)
+    mean, low, high = claims.t_interval(diffs)
     assert j["seeds"] == 4 and j["mean"] == pytest.approx(mean) and j["low"] == pytest.approx(low)
-    assert (j["verdict"] == harness.REPRODUCED) == (low > 0)  # one claim: its 95% interval
+    assert (j["verdict"] == claims.REPRODUCED) == (low > 0)  # one claim: its 95% interval
     table = harness.arm_table(rows, ["a", "b"], [("m", "m")])
     assert "| 4 ok, 1 diverged |" in table  # reported, not dropped
     # Unpaired means would differ from the paired difference: pairing is by seed.
-    one_sided = harness.judge(_rows({"a": a[:3], "b": b}), Claim("y", "", "m", "a", "b"))
+    one_sided = claims.judge(_rows({"a": a[:3], "b": b}), Claim("y", "", "m", "a", "b"))
     assert one_sided["seeds"] == 3
 
 
 def test_against_zero_claim_uses_the_arms_own_values():
     rows = _rows({"a": [-0.2, -0.1, -0.15]})
-    j = harness.judge(rows, Claim("z", "falls", "m", "a", None, ClaimKind.LESS))
-    assert j["mean"] == pytest.approx(-0.15) and j["verdict"] == harness.REPRODUCED
+    j = claims.judge(rows, Claim("z", "falls", "m", "a", None, ClaimKind.LESS))
+    assert j["mean"] == pytest.approx(-0.15) and j["verdict"] == claims.REPRODUCED
 
 
 # ------------------------------------------------------------------------ the toy, exactly
