@@ -191,9 +191,15 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
 
 
 def _resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position]:
+    """The newest checkpoint's state and data position, else the initial ones. metrics.jsonl
+    keeps the rows up to the checkpoint's step and drops the rest, which are about to be
+    redone; with no checkpoint that is every row (a run killed before its first save had
+    already written its step-0 evaluation, and a restart writes it again)."""
     if c.checkpointer.latest_step() is None:
+        c.metrics.resume(-1)  # no row is kept, step 0's included
         return state, loader.Position()
     state, meta = c.checkpointer.restore(state)
+    c.metrics.resume(int(state.step))
     c.log(f"resumed from step {int(state.step)} in {c.workdir}")
     return state, loader.Position(**meta["position"])
 
@@ -219,7 +225,6 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
     try:
         state, position = _resume(c, state)
         start = int(state.step)
-        c.metrics.resume(start)  # rows past the checkpoint are about to be redone
         batches = Batches(c.task.train, cfg.batch_prompts, cfg.seed, position)
         last_eval = {}
         if start == 0:

@@ -1,4 +1,5 @@
-"""The host loop's pieces: dynamic-sampling batch filling, eval metrics, the NaN stop."""
+"""The host loop's pieces: dynamic-sampling batch filling, eval metrics, the NaN stop, a
+restart before the first checkpoint."""
 
 import dataclasses
 
@@ -62,7 +63,7 @@ def _nan_at(step_fn, bad_step: int):
     return step
 
 
-def test_nan_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+def test_nan_stop_keeps_the_last_good_checkpoint_and_a_rerun_resumes(tmp_path, monkeypatch):
     # The fault is injected by wrapping the built step function; no hook in the loop's API.
     build = loop.build_components
 
@@ -82,3 +83,31 @@ def test_nan_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, m
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
     steps = [r["step"] for r in evaluation.read_jsonl(tmp_path / "metrics.jsonl")]
     assert steps == [0, 1, 2, 3, 4]  # step 5 (index 4) was never logged
+    # Rerun without the fault: from checkpoint 3, rows 0-3 kept and row 4 redone, once.
+    monkeypatch.setattr(loop, "build_components", build)
+    train_and_evaluate(cfg, tmp_path, progress=False)
+    steps = [r["step"] for r in evaluation.read_jsonl(tmp_path / "metrics.jsonl")]
+    assert steps == [0, 1, 2, 3, 4, 5, 6]
+
+
+class _Killed(Exception):
+    """Stands in for SIGKILL: the run dies at its first train step, before any checkpoint."""
+
+
+def test_a_run_killed_before_its_first_checkpoint_writes_one_step_0_row(tmp_path, monkeypatch):
+    build = loop.build_components
+
+    def killed(*args, **kwargs):
+        components, state = build(*args, **kwargs)
+
+        def step_fn(*_):
+            raise _Killed
+
+        return dataclasses.replace(components, step_fn=step_fn), state
+
+    monkeypatch.setattr(loop, "build_components", killed)
+    cfg = dataclasses.replace(TINY, steps=6, rl=StepConfig())
+    for _ in range(2):  # the run, then its restart: each evaluates step 0 and dies
+        with pytest.raises(_Killed):
+            train_and_evaluate(cfg, tmp_path, progress=False)
+    assert [r["step"] for r in evaluation.read_jsonl(tmp_path / "metrics.jsonl")] == [0]
