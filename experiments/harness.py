@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from experiments import tuning
 from experiments.claims import (  # re-exported: table modules build claims from harness
     TEST,
     Claim,
@@ -42,14 +43,18 @@ from experiments.claims import (  # re-exported: table modules build claims from
     values,
 )
 from experiments.provenance import provenance, provenance_line
+from experiments.tuning import Tuning
 
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """make(base config of one seed) -> that arm's TrainConfig."""
+    """make(base config of one seed) -> that arm's TrainConfig. select: the validation
+    metric a Tuning picks its learning rate by (None: tuning.objective_metric of its
+    config, i.e. its own training objective)."""
 
     name: str
     make: Callable
+    select: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,14 +76,27 @@ class Table:
     plot: Callable | None = None
     smoke_arms: tuple[str, ...] = ()  # --smoke trains only these (all if empty)
     derive: Callable | None = None  # metrics -> extra metrics computed from them (e.g. logs)
+    tuning: Tuning | None = None  # each arm's learning rate by experiments.tuning's protocol
+
+
+def _as_is(arm, cfg):
+    return cfg
 
 
 @dataclasses.dataclass(frozen=True)
 class Context:
+    """workdir, sft_dir, smoke: from the command line. runs: the folder of WORKDIR the
+    runs go in. adjust(arm, cfg) -> cfg: the last change to every run's config (a tuning
+    run's rate and split, or the rate tuning chose)."""
+
     workdir: pathlib.Path
     sft_dir: pathlib.Path
     smoke: bool
     log: Callable = print
+    runs: str = "runs"
+    adjust: Callable = _as_is
+    validate_only: bool = False  # build and validate every arm's config, train none
+    report_only: bool = False  # train nothing: a run not finished is an error (tuning)
 
 
 class ArmFailed(RuntimeError):
@@ -125,9 +143,16 @@ def slug(name: str) -> str:
 
 
 def with_seed(cfg, seed: int, sft_dir: pathlib.Path):
-    """cfg for `seed`, its SFT warm start cached in sft_dir/seedS (shared by all arms)."""
-    sft = dataclasses.replace(cfg.sft, cache_dir=str(sft_dir / f"seed{seed}"))
+    """cfg for `seed`, its SFT warm start cached in sft_dir/seedS (shared by all arms), or
+    in sft_dir/sft_seedX for every seed when the warm start's seed is fixed (sft.seed)."""
+    name = f"seed{seed}" if cfg.sft.seed is None else f"sft_seed{cfg.sft.seed}"
+    sft = dataclasses.replace(cfg.sft, cache_dir=str(sft_dir / name))
     return dataclasses.replace(cfg, seed=seed, sft=sft)
+
+
+def arm_config(table: Table, arm: Arm, seed: int, ctx: Context):
+    """The TrainConfig of (arm, seed): the table's base, the seed, the arm, ctx.adjust."""
+    return ctx.adjust(arm, arm.make(with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)))
 
 
 def budget(cfg, steps: int, batch: int, samples: int):
@@ -165,8 +190,7 @@ def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Co
     from kjax.evaluation import read_jsonl
     from kjax.rl.loop import train_and_evaluate
 
-    cfg = arm.make(with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir))
-    cfg = dataclasses.replace(cfg, name=slug(arm.name))
+    cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
     last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False)
     first = str(MetricKey("pass", 1, scope="eval"))
     rows = [r for r in read_jsonl(run_dir / "run" / "metrics.jsonl") if first in r]
@@ -177,7 +201,8 @@ def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Co
         if m is not None
     }
     return {**{k.removeprefix("eval/"): v for k, v in last.items()}, **start,
-            "steps": cfg.steps, "B": cfg.batch_prompts, "N": cfg.samples}  # fmt: skip
+            "steps": cfg.steps, "B": cfg.batch_prompts, "N": cfg.samples,
+            "lr": cfg.optimizer.learning_rate}  # fmt: skip
 
 
 def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
@@ -192,10 +217,15 @@ def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
 def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
     """The result row of (arm, seed), from its result.json when already done. ArmFailed when
     the arm raises anything but FloatingPointError (a divergence: a "diverged" row)."""
-    run_dir = ctx.workdir / "runs" / slug(arm.name) / f"seed{seed}"
+    run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
     done = run_dir / "result.json"
     if done.exists():
         return json.loads(done.read_text())
+    if ctx.report_only:
+        raise ArmFailed(
+            f"table {table.name}: arm {arm.name!r} at seed {seed} has no finished run in "
+            f"{run_dir}; rerun without --report_only to train it."
+        )
     try:
         row = _run(table, arm, seed, ctx, run_dir)
     except Exception as e:
@@ -209,10 +239,10 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
 
 def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict:
     row = {"table": table.name, "arm": arm.name, "seed": seed, "provenance": provenance()}
-    if ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms:
+    if ctx.validate_only or (ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms):
         import jax  # keep CI short: the other arms' configs are built and validated only
 
-        arm.make(with_seed(table.base(seed, True), seed, ctx.sft_dir)).validate(jax.device_count())
+        arm_config(table, arm, seed, ctx).validate(jax.device_count())
         return {**row, "status": SMOKE_SKIPPED, "metrics": {}, "wall_s": 0.0}
     import fcntl
 
@@ -245,10 +275,11 @@ def warm_start(table: Table, seed: int, ctx: Context) -> None:
     cfg = with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
     if not cfg.sft.steps:
         return
+    name = pathlib.Path(cfg.sft.cache_dir).name
     ctx.sft_dir.mkdir(parents=True, exist_ok=True)
-    with open(ctx.sft_dir / f"seed{seed}.lock", "w") as lock:
+    with open(ctx.sft_dir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        components, _ = open_run(cfg, ctx.workdir / "runs" / "_warm_start" / f"seed{seed}", ctx.log)
+        components, _ = open_run(cfg, ctx.workdir / ctx.runs / "_warm_start" / name, ctx.log)
         components.close()
         fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -269,6 +300,48 @@ def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
             merge(table, seed_rows, {})
         rows += seed_rows
     return rows
+
+
+def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
+    """Runs the table's Tuning grid (every arm x rate x tuning seed, scored on the
+    validation split) and returns ({arm: {"metric", "grid", "scores", "lr"}}, its rows).
+    Finished tuning runs are kept (WORKDIR/tuning/lrX/ARM/seedS) like any run. Under --smoke
+    no tuning run trains (CI time): every grid point's config is built and validated, and
+    each arm takes the grid's smallest rate."""
+    t = table.tuning
+    chosen, rows = {}, []
+    for arm in table.arms:
+        cfg = arm_config(table, arm, t.seeds[0], ctx)
+        metric = arm.select or tuning.objective_metric(cfg)
+        scores = []
+        for lr in t.grid:
+
+            def adjust(a, c, lr=lr):
+                return tuning.for_tuning(ctx.adjust(a, c), lr)
+
+            at = dataclasses.replace(
+                ctx, runs=f"tuning/lr{lr:g}", adjust=adjust, validate_only=ctx.smoke
+            )
+            if not (ctx.smoke or ctx.report_only):
+                for seed in t.seeds:
+                    warm_start(table, seed, at)
+            mine = [{**run_one(table, arm, seed, at), "lr": lr} for seed in t.seeds]
+            rows += mine
+            trained = [r for r in mine if r["status"] != SMOKE_SKIPPED]
+            scores.append(tuning.score(trained, metric) if trained else 0.0)
+        chosen[arm.name] = {"metric": metric, "grid": list(t.grid), "scores": scores,
+                            "lr": tuning.choose(t.grid, scores)}  # fmt: skip
+        ctx.log(f"[{table.name}] {arm.name}: lr {chosen[arm.name]['lr']:g} by {metric}")
+    return chosen, rows
+
+
+def with_tuned_rates(ctx: Context, chosen: dict[str, dict]) -> Context:
+    """ctx whose runs take each arm's chosen learning rate."""
+
+    def adjust(arm, cfg):
+        return tuning.with_learning_rate(ctx.adjust(arm, cfg), chosen[arm.name]["lr"])
+
+    return dataclasses.replace(ctx, adjust=adjust)
 
 
 def merge(table: Table, rows: list[dict], extra: dict) -> None:
@@ -299,10 +372,16 @@ def arm_table(rows: list[dict], arms: Sequence[str], columns) -> str:
 
 
 def report(
-    table: Table, rows: list[dict], seeds: Sequence[int], smoke: bool, written: dict | None = None
+    table: Table,
+    rows: list[dict],
+    seeds: Sequence[int],
+    smoke: bool,
+    written: dict | None = None,
+    chosen: dict | None = None,
 ) -> str:
     """The Markdown of the table: budget, the test, arm table, claims with verdicts and
-    their tests, run time, and `written` (a provenance() of the writer) when given."""
+    their tests, the tuning (`chosen`, when the table tunes), run time, and `written` (a
+    provenance() of the writer) when given."""
     hours = sum(r.get("wall_s", 0.0) for r in rows) / 3600
     diverged = [f"{r['arm']} (seed {r['seed']})" for r in rows if r["status"] == "diverged"]
     judged = judge_all(rows, table.claims)
@@ -318,6 +397,18 @@ def report(
         "",
         TEST,
         "",
+    ]
+    if chosen:
+        t = table.tuning
+        parts += [
+            f"Learning rates (tuning seeds {', '.join(map(str, t.seeds))}, disjoint from the "
+            "reported ones; scored on the validation split, disjoint from the test problems, "
+            "by each arm's own objective; mean over the tuning seeds):",
+            "",
+            tuning.tuning_table(chosen),
+            "",
+        ]
+    parts += [
         f"Diverged: {', '.join(diverged) or 'none'}. Compute: {hours:.2f} h of run time "
         "(sum over runs).",
     ]
@@ -361,19 +452,34 @@ def bar_plot(table: Table, rows: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(table: Table, rows: list[dict], seeds, smoke: bool, out: pathlib.Path) -> str:
+def write_outputs(
+    table: Table,
+    rows: list[dict],
+    seeds,
+    smoke: bool,
+    out: pathlib.Path,
+    chosen: dict | None = None,
+    tuning_rows: Sequence[dict] = (),
+) -> str:
     """NAME.jsonl (a row per run), NAME.claims.json (judge_all's p's and verdicts), NAME.md
-    and NAME.png in out; the last three record this writer's provenance()."""
+    and NAME.png in out; the last three record this writer's provenance(). A tuned table
+    also writes NAME.tuning.jsonl (a row per tuning run, with its "lr") and the chosen
+    rates in NAME.claims.json."""
     out.mkdir(parents=True, exist_ok=True)
     written = provenance()
     (out / f"{table.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if chosen:
+        lines = "".join(json.dumps(r) + "\n" for r in tuning_rows)
+        (out / f"{table.name}.tuning.jsonl").write_text(lines)
     judged = [
         {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in j.items()}
         for j in judge_all(rows, table.claims)
     ]
     claims = {"test": TEST, "seeds": list(seeds), "provenance": written, "claims": judged}
+    if chosen:
+        claims["tuning"] = {"seeds": list(table.tuning.seeds), "chosen": chosen}
     (out / f"{table.name}.claims.json").write_text(json.dumps(claims, indent=1) + "\n")
-    text = report(table, rows, seeds, smoke, written)
+    text = report(table, rows, seeds, smoke, written, chosen)
     (out / f"{table.name}.md").write_text(text)
     (table.plot or bar_plot)(table, rows, out / f"{table.name}.png")
     return text
@@ -427,18 +533,23 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     workdir = pathlib.Path(args.workdir)
     setup_jax(workdir)
     seeds = [0] if args.smoke else list(range(args.seeds))
-    ctx = Context(workdir, pathlib.Path(args.sft_dir or workdir / "sft"), args.smoke)
+    sft_dir = pathlib.Path(args.sft_dir or workdir / "sft")
+    ctx = Context(workdir, sft_dir, args.smoke, report_only=args.report_only)
     start = time.time()
-    if args.report_only:
-        rows, seeds = finished_rows(table, seeds, ctx)
-    else:
-        try:
+    chosen, tuning_rows = None, []
+    try:
+        if table.tuning is not None:  # before any reported run: nothing reported is tuned on
+            chosen, tuning_rows = tune(table, ctx)
+            ctx = with_tuned_rates(ctx, chosen)
+        if args.report_only:
+            rows, seeds = finished_rows(table, seeds, ctx)
+        else:
             rows = run_table(table, seeds, ctx)
-        except ArmFailed as e:  # finished runs are kept; the table resumes after the fix
-            traceback.print_exception(e.__cause__)
-            print(f"error: {e}. No table was written; fix the arm and rerun.", file=sys.stderr)
-            return 1
-    text = write_outputs(table, rows, seeds, args.smoke, workdir)
+    except ArmFailed as e:  # finished runs are kept; the table resumes after the fix
+        traceback.print_exception(e.__cause__)
+        print(f"error: {e}. No table was written; fix the arm and rerun.", file=sys.stderr)
+        return 1
+    text = write_outputs(table, rows, seeds, args.smoke, workdir, chosen, tuning_rows)
     print(
         f"\n{text}\nwall time of this invocation: {(time.time() - start) / 60:.1f} min; "
         f"{workdir}/{table.name}.{{md,jsonl,claims.json,png}}"

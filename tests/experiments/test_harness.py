@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import claims, harness
+from experiments import claims, harness, tuning
 from experiments.claims import Claim, ClaimKind
 from experiments.harness import Arm, MetricKey
 from experiments.provenance import git_commit, provenance
+from kjax.rl.config import EvalSplit, Objective, ObjectiveConfig, TaskConfig, TrainConfig
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
 # t-interval at exactly mean +- t_{0.975,4} sd / sqrt(5).
@@ -272,6 +273,7 @@ def test_git_commit_is_head_with_a_dirty_mark(tmp_path, monkeypatch):
 class _SFT:
     steps: int = 0  # no warm start to build
     cache_dir: str = ""
+    seed: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +286,7 @@ class _Config:
 
 
 def _execute(table, arm, seed, run_dir, ctx):
-    cfg = arm.make(harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir))
+    cfg = harness.arm_config(table, arm, seed, ctx)
     if not math.isfinite(cfg.value):
         raise FloatingPointError("loss is not finite at RL step 3\nmore")
     return {"m": cfg.value + 0.01 * seed}
@@ -342,3 +344,70 @@ def test_diverged_runs_are_rows_and_every_output_has_provenance(tmp_path):
     (j,) = written["claims"]  # b - a = 0 on both seeds: no spread, no effect
     assert j["seeds"] == 2 and j["p"] == 1.0 and j["p_holm"] == 1.0
     assert j["verdict"] == claims.no_effect(0.03)
+
+
+# ------------------------------------------------------------------------------- tuning
+
+
+SEEN = []  # (arm, seed, split, lr) of every run the tuning table's execute trained
+
+
+def _tuned_execute(table, arm, seed, run_dir, ctx):
+    """A stand-in run whose validation/test score peaks at lr = 10**-3.3 (~5e-4) for arm
+    "a" and at 10**-2.7 (~2e-3) for arm "b", plus a little per seed."""
+    cfg = harness.arm_config(table, arm, seed, ctx)
+    lr, split = cfg.optimizer.learning_rate, cfg.eval.split
+    SEEN.append((arm.name, seed, split, lr))
+    best = -3.3 if arm.name == "a" else -2.7
+    score = 0.5 - (math.log10(lr) - best) ** 2 + 0.001 * seed
+    return {"max@1": score, "max@8": score, "lr": lr}
+
+
+def _tuning_table(grid=(2.5e-4, 5e-4, 1e-3, 2e-3)):
+    base = TrainConfig(task=TaskConfig(validation_size=20))
+    passk = lambda c: dataclasses.replace(c, objective=ObjectiveConfig(Objective.MAX_AT_K, k=8))  # noqa: E731
+    return harness.Table(
+        "tt",
+        "tt",
+        (Arm("a", lambda c: c), Arm("b", passk)),
+        (Claim("1", "b beats a", "max@1", "b", "a"),),
+        (("max@1", "max@1"),),
+        lambda seed, smoke: base,
+        "b",
+        execute=_tuned_execute,
+        plot=lambda *a: None,
+        tuning=tuning.Tuning(grid=grid, seeds=(1000, 1001)),
+    )
+
+
+def test_tuning_picks_each_arms_rate_on_validation_and_tuning_seeds_only(tmp_path):
+    SEEN.clear()
+    table = _tuning_table()
+    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    tuned = [s for s in SEEN if s[2] is EvalSplit.VALIDATION]
+    reported = [s for s in SEEN if s[2] is EvalSplit.TEST]
+    assert {seed for _, seed, _, _ in tuned} == {1000, 1001}  # never a reported seed
+    assert len(tuned) == 2 * 4 * 2  # arms x grid x tuning seeds
+    assert {seed for _, seed, _, _ in reported} == {0, 1}
+    assert {(arm, lr) for arm, _, _, lr in reported} == {("a", 5e-4), ("b", 2e-3)}
+    written = json.loads((tmp_path / "tt.claims.json").read_text())["tuning"]
+    assert written["chosen"]["a"]["metric"] == "max@1"  # MEAN: its mean reward
+    assert written["chosen"]["b"]["metric"] == "max@8"  # pass@8's own objective
+    assert [written["chosen"][a]["lr"] for a in "ab"] == [5e-4, 2e-3]
+    tuning_rows = (tmp_path / "tt.tuning.jsonl").read_text().splitlines()
+    assert len(tuning_rows) == 16 and all('"lr"' in r for r in tuning_rows)
+    assert "| a | max@1 |" in (tmp_path / "tt.md").read_text()
+    SEEN.clear()  # a rerun finds every run finished: nothing trains again
+    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    assert SEEN == []
+
+
+def test_tuning_rules():
+    assert tuning.choose([1e-4, 1e-3], [0.5, 0.5]) == 1e-4  # a tie: the gentler rate
+    assert tuning.score([{"status": "diverged", "metrics": {}}], "max@1") == -math.inf
+    with pytest.raises(ValueError, match="every learning rate"):
+        tuning.choose([1e-4], [-math.inf])
+    with pytest.raises(ValueError, match="validation_size"):
+        tuning.for_tuning(TrainConfig(), 1e-3)
+    with pytest.raises(ValueError, match=">= 100"):
+        tuning.Tuning(grid=(1e-3,), seeds=(0, 1))  # a reported seed
