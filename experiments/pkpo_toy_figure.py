@@ -1,6 +1,6 @@
 """PKPO's Gaussian toy, exactly: the policy that maximises max@k moves toward the cliff as k grows.
 
-  python -m experiments.pkpo_toy_figure --workdir=DIR [--seeds=5] [--smoke]
+  python -m experiments.pkpo_toy_figure --workdir=DIR [--smoke]
 
 Policy x ~ N(theta, sigma^2) with sigma = 0.1, reward g(x) = x^2 on [0, 1] and 0 outside
 (Walder & Karkhanis 2025's toy, also experiments/estimator_variance.py). With Y = g(x),
@@ -9,11 +9,13 @@ F(t) = P(Y <= t) = Phi((sqrt(t) - theta)/sigma) + 1 - Phi((1 - theta)/sigma) on 
 computed with 400-node Gauss-Legendre quadrature in u (the integrand is smooth there), then
 maximised over theta in [0, 1.5] (grid, then bounded Brent to 1e-10). An independent
 Monte Carlo estimate of J_k at each optimum (2e6 draws, seed 0) checks the quadrature.
-No RL and no seeds: --seeds is accepted and ignored; --smoke uses 2e4 draws. Seconds on CPU.
+No RL and no seeds, so none of the tables' flags (--seeds, --sft_dir, --report_only);
+--smoke uses 2e4 draws. Seconds on CPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
@@ -21,7 +23,7 @@ import sys
 import numpy as np
 from scipy import optimize, special
 
-from experiments import claims, harness
+from experiments import claims
 
 SIGMA = 0.1
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -116,7 +118,10 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 
 
 def main(argv=None) -> int:
-    args = harness.parse("pkpo_toy_figure", argv, default_seeds=1)
+    p = argparse.ArgumentParser(prog="experiments.pkpo_toy_figure")
+    p.add_argument("--workdir", required=True, help="outputs: pkpo_toy_figure.md/.jsonl/.png")
+    p.add_argument("--smoke", action="store_true", help="2e4 Monte Carlo draws, not 2e6 (CI)")
+    args = p.parse_args(argv)
     out = pathlib.Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     rows = compute(args.smoke)
