@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from experiments import bench_tables
 
 
@@ -16,6 +18,7 @@ def bare_interpreter_startup(table: str) -> float:
     return time.time() - t0
 
 
+@pytest.mark.slow  # ~45 s of compiles on 2 cores: the default tier is near its budget
 def test_smoke_breakdown_phases_are_positive_and_fit_in_the_total(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_tables, "measure_startup", bare_interpreter_startup)
     b = bench_tables.breakdown("tang2025_table", workdir=tmp_path / "bench", smoke=True)
