@@ -62,7 +62,9 @@ class Claim:
     baseline: str | None  # None: the arm's own value against 0 (e.g. a change over epochs)
     kind: ClaimKind = ClaimKind.GREATER
     margin: float = 0.0  # EQUIVALENT: the interval within +- margin; NONINFERIOR: > -margin
-    equivalence_margin: float = 0.03  # a null result rules out effects larger than this
+    # A null result rules out effects larger than this; None: no such test (a metric whose
+    # scale has no natural margin, e.g. a raw gradient variance that varies 10x by seed).
+    equivalence_margin: float | None = 0.03
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -199,9 +201,10 @@ def judge_all(rows: list[dict], claims: Sequence[Claim]) -> list[dict]:
         j = dict(claim=c.id, kind=c.kind.value, metric=c.metric, arm=c.arm, baseline=c.baseline)
         j.update(margin=c.margin, seeds=len(d), mean=mean, low=low, high=high, sd=sd)
         j.update(p=p, p_opposite=p_opposite, equivalence_margin=c.equivalence_margin)
-        j["p_equivalent"] = p_tost(d, c.equivalence_margin)
+        m = c.equivalence_margin
+        j["p_equivalent"] = math.nan if m is None else p_tost(d, m)
         j["mde"] = mde(sd, len(d))
-        j["seeds_for_mde"] = seeds_for_mde(sd, c.equivalence_margin) if len(d) > 1 else None
+        j["seeds_for_mde"] = seeds_for_mde(sd, m) if len(d) > 1 and m is not None else None
         out.append(j)
     for key in ("p", "p_opposite", "p_equivalent"):
         for j, adjusted in zip(out, holm([j[key] for j in out]), strict=True):
@@ -261,7 +264,8 @@ def claims_table(claims: Sequence[Claim], judged: Sequence[dict]) -> str:
         equivalent = f"{fmt_p(j['p_equivalent'])} ({fmt_p(j['p_equivalent_holm'])})"
         lines.append(
             f"| {c.id} | {hypothesis(c)} | {fmt_p(j['p'])} | {fmt_p(j['p_holm'])} | "
-            f"{mde_} | {c.equivalence_margin:g} | {equivalent} | "
+            f"{mde_} | {'n/a' if c.equivalence_margin is None else f'{c.equivalence_margin:g}'} | "
+            f"{equivalent} | "
             f"{j['seeds_for_mde'] or 'n/a'} |"
         )
     return "\n".join(lines)

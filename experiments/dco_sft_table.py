@@ -96,6 +96,16 @@ def execute(table, arm, seed, run_dir, ctx) -> dict:
     return {**out, "epochs": epochs}
 
 
+def since_start(metrics: dict) -> dict:
+    """since_start/pass@k: the final epoch's pass@k minus the warm start's (epoch 0), the
+    change the paper's claim is about (delta/pass@k is since epoch 1)."""
+    return {
+        f"since_start/pass@{k}": metrics[f"pass@{k}"] - metrics[f"epoch0/pass@{k}"]
+        for k in KS
+        if f"pass@{k}" in metrics and f"epoch0/pass@{k}" in metrics
+    }
+
+
 def plot(table, rows, path) -> None:
     """pass@256 (and pass@1) vs epoch per arm: mean over seeds with 95% intervals."""
     import matplotlib
@@ -138,16 +148,17 @@ TABLE = harness.Table(
     claims=(
         Claim(
             "4a",
-            "CE's pass@256 falls as epochs go on (65.2 -> 44.5 over 4 epochs)",
-            "delta/pass@256",
+            "more cross-entropy SFT lowers pass@256: change since the warm start < 0 (Chen et "
+            "al. 2025, MATH: 65.2 -> 44.5 over 4 epochs)",
+            "since_start/pass@256",
             "cross-entropy",
             None,
             ClaimKind.LESS,
         ),
         Claim(
             "4b",
-            "DCO holds pass@256 (change since epoch 1 >= -0.02)",
-            "delta/pass@256",
+            "DCO at N=256 holds pass@256: change since the warm start >= -0.02 (Chen et al. 2025)",
+            "since_start/pass@256",
             f"DCO (N={N_EVAL})",
             None,
             ClaimKind.NONINFERIOR,
@@ -167,6 +178,7 @@ TABLE = harness.Table(
         ("pass@256 epoch 1", "epoch1/pass@256"),
         ("pass@256", "pass@256"),
         ("change of pass@256 since epoch 1", "delta/pass@256"),
+        ("change of pass@256 since the warm start", "since_start/pass@256"),
     ),
     base=base,
     budget=f"{EPOCHS} epochs of SFT (batch {BATCH}) on {SUBSET} problems from the seed's "
@@ -174,6 +186,7 @@ TABLE = harness.Table(
     "columns are after the last epoch unless named",
     execute=execute,
     plot=plot,
+    derive=since_start,
 )
 
 

@@ -120,6 +120,7 @@ TABLE = harness.Table(
             L2O,
             LOO1,
             ClaimKind.LESS,
+            equivalence_margin=None,  # raw variances: 10x apart between seeds, no margin
         ),
         Claim(
             "6b",
@@ -128,6 +129,7 @@ TABLE = harness.Table(
             L2O,
             "pass@8 LOO",
             ClaimKind.LESS,
+            equivalence_margin=None,
         ),
         Claim(
             "6c",
@@ -136,6 +138,7 @@ TABLE = harness.Table(
             L2O,
             "pass@8 S",
             ClaimKind.LESS,
+            equivalence_margin=None,
         ),
         # 6a'-6c' were added after seeds 0-2 had run: the warm starts' gradient scales differ
         # by 10x between seeds, so raw differences are dominated by that scale; the log of
@@ -175,11 +178,12 @@ TABLE = harness.Table(
         ),
         Claim(
             "6f",
-            "MaxRL matches the mean objective's pass@1 (within 0.02; Tajwar, Zeng et al. 2026)",
+            "MaxRL's pass@1 is similar or better than the mean objective's: at most 0.02 "
+            "below it (Tajwar, Zeng et al. 2026)",
             "pass@1",
             "MaxRL (T=16)",
             "mean (RLOO)",
-            ClaimKind.EQUIVALENT,
+            ClaimKind.NONINFERIOR,
             margin=0.02,
         ),
         Claim(

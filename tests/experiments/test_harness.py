@@ -411,3 +411,13 @@ def test_tuning_rules():
         tuning.for_tuning(TrainConfig(), 1e-3)
     with pytest.raises(ValueError, match=">= 100"):
         tuning.Tuning(grid=(1e-3,), seeds=(0, 1))  # a reported seed
+
+
+def test_a_claim_without_an_equivalence_margin_is_never_a_null_result():
+    rows = rows_of({"a": [0.1, 0.1, 0.1, 0.1]})
+    j = claims.judge(rows, Claim("x", "", "m", "a", None, equivalence_margin=None))
+    assert math.isnan(j["p_equivalent"]) and j["seeds_for_mde"] is None
+    assert j["verdict"] == claims.REPRODUCED  # 0.1 on every seed: clearly above 0
+    rows = rows_of({"a": np.zeros(4)})
+    j = claims.judge(rows, Claim("x", "", "m", "a", None, equivalence_margin=None))
+    assert j["verdict"] == claims.INCONCLUSIVE  # with a margin it would be "no effect > m"
