@@ -414,6 +414,12 @@ def report(
     ]
     if written is not None:
         parts += ["", provenance_line(written)]
+        bare = sum("provenance" not in r for r in rows)
+        if bare:
+            parts[-1] += (
+                f" {bare} of {len(rows)} rows carry no provenance: they were run before it was "
+                "recorded (README says where they came from)."
+            )
     return "\n".join(parts) + "\n"
 
 
@@ -494,6 +500,9 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p.add_argument("--sft_dir", default="", help="shared SFT warm starts (default WORKDIR/sft)")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: tabulate the seeds whose arms all finished")  # fmt: skip
+    p.add_argument("--from_rows", default="",
+                   help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
+                        "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1; got {args.seeds}")
@@ -528,6 +537,21 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
     return rows, done
 
 
+def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
+    """Writes the table's outputs from finished rows (a NAME.jsonl) without training: the
+    table's derived metrics are recomputed and its current claims judged. The rows keep
+    their own provenance (none, for rows written before it was recorded)."""
+    if not path.exists():
+        print(f"error: --from_rows={path}: no such file", file=sys.stderr)
+        return 1
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    merge(table, rows, {})
+    seeds = sorted({r["seed"] for r in rows})
+    text = write_outputs(table, rows, seeds, False, out)
+    print(f"\n{text}\n{out}/{table.name}.{{md,jsonl,claims.json,png}} from {path}")
+    return 0
+
+
 def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     args = parse(table.name, argv, default_seeds)
     workdir = pathlib.Path(args.workdir)
@@ -536,6 +560,8 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     sft_dir = pathlib.Path(args.sft_dir or workdir / "sft")
     ctx = Context(workdir, sft_dir, args.smoke, report_only=args.report_only)
     start = time.time()
+    if args.from_rows:
+        return rejudge(table, pathlib.Path(args.from_rows), workdir)
     chosen, tuning_rows = None, []
     try:
         if table.tuning is not None:  # before any reported run: nothing reported is tuned on

@@ -421,3 +421,20 @@ def test_a_claim_without_an_equivalence_margin_is_never_a_null_result():
     rows = rows_of({"a": np.zeros(4)})
     j = claims.judge(rows, Claim("x", "", "m", "a", None, equivalence_margin=None))
     assert j["verdict"] == claims.INCONCLUSIVE  # with a margin it would be "no effect > m"
+
+
+def test_from_rows_rejudges_a_finished_table_without_training(tmp_path):
+    table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
+    assert harness.main(table, ["--workdir", str(tmp_path / "run"), "--seeds", "3"]) == 0
+    rows = (tmp_path / "run" / "t.jsonl").read_text().splitlines()
+    bare = [json.dumps({k: v for k, v in json.loads(r).items() if k != "provenance"}) for r in rows]
+    (tmp_path / "old.jsonl").write_text("\n".join(bare) + "\n")
+    out = tmp_path / "again"
+    argv = ["--workdir", str(out), "--from_rows", str(tmp_path / "old.jsonl")]
+    assert harness.main(table, argv) == 0
+    assert not (out / "runs").exists()  # nothing trained
+    judged = json.loads((out / "t.claims.json").read_text())["claims"]
+    assert judged == json.loads((tmp_path / "run" / "t.claims.json").read_text())["claims"]
+    assert "6 of 6 rows carry no provenance" in (out / "t.md").read_text()
+    argv = ["--workdir", str(out), "--from_rows", str(tmp_path / "missing.jsonl")]
+    assert harness.main(table, argv) == 1
