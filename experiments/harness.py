@@ -49,8 +49,8 @@ from experiments.tuning import Tuning
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """make(base config of one seed) -> that arm's TrainConfig. select: the validation
-    metric a Tuning picks its learning rate by (None: tuning.objective_metric of its
-    config, i.e. its own training objective)."""
+    metric a Tuning picks its learning rate by (None: "objective", the value of the
+    objective the arm trains for)."""
 
     name: str
     make: Callable
@@ -311,8 +311,7 @@ def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
     t = table.tuning
     chosen, rows = {}, []
     for arm in table.arms:
-        cfg = arm_config(table, arm, t.seeds[0], ctx)
-        metric = arm.select or tuning.objective_metric(cfg)
+        metric = arm.select or tuning.OBJECTIVE
         scores = []
         for lr in t.grid:
 

@@ -3,9 +3,10 @@
 A table with a `Tuning` trains every arm at every learning rate of `grid` on the tuning
 seeds (disjoint from the reported seeds 0..S-1) and scores each run on the VALIDATION
 split (task.validation_size problems held out of training, disjoint from the test problems
-the table reports) by the arm's own training objective (`objective_metric`): the mean
-reward for MEAN, max@k for MAX_AT_K (pass@k on binary rewards), maj@k for MAJORITY_AT_K,
-at the k the arm ends its training with. The rate with the highest mean over the tuning
+the table reports) by the arm's own training objective: the held-out value of the objective
+the run trains for at the k it ends with (the loop's eval/objective: the mean reward for
+MEAN, max@k for MAX_AT_K, i.e. pass@k on binary rewards, maj@k for MAJORITY_AT_K, the
+weighted max@k sum for a mixture such as MaxRL). The rate with the highest mean over the tuning
 seeds is the arm's; a diverged run scores -inf. Nothing about the test problems or the
 reported seeds enters the choice, so the reported comparison is not tuned on its own data.
 
@@ -19,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from kjax.rl.config import EvalSplit, Objective, TrainConfig
+from kjax.rl.config import EvalSplit, TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,20 +40,7 @@ class Tuning:
             )
 
 
-def objective_metric(cfg: TrainConfig) -> str:
-    """The held-out metric key of the objective cfg trains for, at its final k."""
-    o = cfg.objective
-    k = cfg.k_at(cfg.steps - 1)
-    if o.objective is Objective.MEAN:
-        return "max@1"  # the mean reward
-    if o.objective is Objective.MAX_AT_K:
-        return f"max@{k}"
-    if o.objective is Objective.MAJORITY_AT_K:
-        return f"maj@{k}"
-    raise ValueError(
-        f"an arm training {o.objective.name} has no single held-out metric to tune on; give "
-        "its Arm a `select` metric key."
-    )
+OBJECTIVE = "objective"  # the run's eval/objective: kjax.rl.objective.objective_value
 
 
 def for_tuning(cfg: TrainConfig, learning_rate: float) -> TrainConfig:

@@ -24,6 +24,7 @@ from kjax.rl import multihost
 from kjax.rl import task as task_lib
 from kjax.rl.components import Components, build_components
 from kjax.rl.config import EvalSplit, TrainConfig
+from kjax.rl.objective import objective_ks, objective_value
 from kjax.rl.train_step import RLBatch, TrainState
 
 __all__ = [
@@ -102,12 +103,19 @@ def rollout(
 
 def evaluate(c: Components, params) -> dict[str, float]:
     """Held-out metrics {"eval/pass@k", "eval/max@k", "eval/maj@k", ...} at eval.n_eval,
-    on the split eval.split names (the test problems, or the validation ones for tuning)."""
+    on the split eval.split names (the test problems, or the validation ones for tuning),
+    and "eval/objective": the value of the objective the run trains for at its final k
+    (objective_value), when eval.n_eval samples can serve it."""
     key = jax.random.fold_in(c.base_key, _EVAL_STREAM)
     e = c.cfg.eval
     problems = c.task.validation if e.split is EvalSplit.VALIDATION else c.task.test
     ro = rollout(c, params, problems, key, e.n_eval, e.temperature)
-    return {f"eval/{k}": v for k, v in evaluation.group_metrics(ro.verdicts).items()}
+    out = evaluation.group_metrics(ro.verdicts)
+    cfg, v = c.cfg, ro.verdicts
+    final_k = cfg.k_at(cfg.steps - 1)  # the objective the run ends with
+    if max(objective_ks(cfg.objective, final_k)) <= e.n_eval:
+        out["objective"] = objective_value(cfg.objective, final_k, v.scores, v.answer_ids, v.target)
+    return {f"eval/{k}": v for k, v in out.items()}
 
 
 def fill_batch(candidates: list[dict], size: int, dynamic: bool) -> tuple[dict, int]:

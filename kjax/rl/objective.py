@@ -26,6 +26,8 @@ from kjax.rl.objective_config import (
 from kjax.rl.step_config import OffPolicyMaxAtK, StepConfig
 
 __all__ = [
+    "objective_ks",
+    "objective_value",
     "KSchedule",
     "KScheduleKind",
     "Objective",
@@ -139,3 +141,36 @@ def offpolicy_reweighter(
         return jax.lax.switch(index, branches, scores, log_ratio)
 
     return reweight
+
+
+def _weights(cfg: ObjectiveConfig, k: int) -> dict[int, float]:
+    """{k: weight} of the max@k terms the objective sums (MEAN: max@1; MAJORITY: maj@k)."""
+    if cfg.objective is Objective.MAX_AT_K_MIXTURE:
+        return objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
+    return {1 if cfg.objective is Objective.MEAN else k: 1.0}
+
+
+def objective_ks(cfg: ObjectiveConfig, k: int | None = None) -> tuple[int, ...]:
+    """The k values objective_value needs samples for (its N must be at least the largest)."""
+    return tuple(sorted(_weights(cfg, cfg.k if k is None else k)))
+
+
+def objective_value(cfg: ObjectiveConfig, k: int | None, scores, answer_ids=None, target=None):
+    """The held-out value of the objective cfg trains for, a float: the mean over problems
+    of kjax's unbiased estimate from the N samples of each (scores [B, N]; answer_ids
+    [B, N] and target [B] for MAJORITY_AT_K). MEAN: the mean reward (max@1); MAX_AT_K: max@k
+    (pass@k on binary rewards); MAJORITY_AT_K: maj@k; MAX_AT_K_MIXTURE: sum_k w_k max@k.
+    k: the k to score at (None: cfg.k). Raises when N cannot serve a k of the objective.
+    """
+    scores = jnp.asarray(scores)
+    weights = _weights(cfg, cfg.k if k is None else k)
+    n = scores.shape[1]
+    if max(weights) > n:
+        raise ValueError(
+            f"the {cfg.objective.name} objective needs k <= N samples per problem; k = "
+            f"{max(weights)} > N = {n}. Raise eval.n_eval."
+        )
+    if cfg.objective is Objective.MAJORITY_AT_K:
+        (kk,) = weights
+        return float(jnp.mean(objectives.majority_at_k(jnp.asarray(answer_ids), target, kk)))
+    return float(sum(w * jnp.mean(objectives.max_at_k(scores, j)) for j, w in weights.items()))

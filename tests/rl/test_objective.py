@@ -269,3 +269,35 @@ def test_k_annealing_never_retraces_per_step_only_per_k():
         fn(cfg, sched(s), scores(s))
     assert traces == [4, 1]  # one trace per distinct k, none per step
     assert sched.values() == (1, 4)
+
+
+def test_objective_value_is_the_enumerated_objective():
+    """objective_value against the subset-enumeration oracles, for every kind of objective."""
+    from kjax.objectives import reference, reference_majority
+    from kjax.rl.objective import objective_ks, objective_value
+
+    rng = np.random.default_rng(3)
+    scores = rng.uniform(size=(5, 6))
+    answers = rng.integers(-1, 3, size=(5, 6))
+    target = np.zeros(5, np.int64)
+    cases = [
+        (ObjectiveConfig(Objective.MEAN), 1, reference.max_at_k_ref(scores, 1).mean()),
+        (ObjectiveConfig(Objective.MAX_AT_K, k=4), 4, reference.max_at_k_ref(scores, 4).mean()),
+        (
+            ObjectiveConfig(Objective.MAJORITY_AT_K, k=3),
+            3,
+            reference_majority.majority_at_k_ref(answers, target, 3).mean(),
+        ),
+        (
+            ObjectiveConfig(Objective.MAX_AT_K_MIXTURE, k=1, maxrl_t=3),
+            None,
+            sum(reference.max_at_k_ref(scores, j).mean() / j for j in (1, 2, 3)),
+        ),
+    ]
+    for cfg, k, want in cases:
+        got = objective_value(cfg, k, jnp.asarray(scores, jnp.float32), answers, target)
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=cfg.objective.name)
+    mixture = cases[-1][0]
+    assert objective_ks(mixture) == (1, 2, 3)
+    with pytest.raises(ValueError, match="k = 8 > N = 6"):
+        objective_value(ObjectiveConfig(Objective.MAX_AT_K, k=8), None, scores)
