@@ -28,14 +28,16 @@ from experiments import harness
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
 from experiments.harness import Arm
+from experiments.tuning import Tuning
 from kjax.rl.config import MaxAtKEstimator, Objective, ObjectiveConfig
 
-STEPS, B, N, K, BATCHES = 100, 16, 16, 8, 16
+STEPS, B, N, K, BATCHES = 200, 16, 16, 8, 16
+LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 
 
 def base(seed: int, smoke: bool):
     cfg = tiny_arith.BASE
-    return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
+    return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 
 def objective(kind: Objective, estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE):
@@ -202,9 +204,10 @@ TABLE = harness.Table(
     ),
     base=base,
     smoke_arms=(L2O, "MaxRL (T=16)"),
-    budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from a 1500-step SFT warm "
-    f"start; eval 200 problems x 16 samples; gradient variance over {BATCHES} batches of "
-    f"{B} x {N} at the warm start",
+    budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from one 1500-step SFT warm "
+    f"start, each arm's learning rate tuned; eval 1000 test problems x 32 samples; gradient "
+    f"variance over {BATCHES} batches of {B} x {N} at the warm start",
+    tuning=Tuning(grid=LEARNING_RATES),
     per_seed=gradient_variance,
     derive=lambda m: {"log_gradvar": float(np.log(m["gradvar"]))} if "gradvar" in m else {},
 )

@@ -165,6 +165,21 @@ def budget(cfg, steps: int, batch: int, samples: int):
                                optimizer=opt, eval=ev, checkpoint=ck)  # fmt: skip
 
 
+def design(cfg, steps: int, batch: int, samples: int, *, problems: int = 1000, n_eval: int = 32,
+           validation: int = 500):  # fmt: skip
+    """The tables' shared design (README, Results): budget(cfg, ...) plus one SFT warm start
+    for every seed (sft.seed = 0: seeds vary only the RL, as a paper fine-tuning one base
+    model does), `validation` train problems held out for tuning, and an evaluation of
+    `problems` test problems x `n_eval` samples (eval noise well under the seed-to-seed
+    spread)."""
+    cfg = budget(cfg, steps, batch, samples)
+    task = dataclasses.replace(
+        cfg.task, test_size=max(cfg.task.test_size, problems), validation_size=validation
+    )
+    ev = dataclasses.replace(cfg.eval, problems=problems, n_eval=n_eval)
+    return dataclasses.replace(cfg, task=task, eval=ev, sft=dataclasses.replace(cfg.sft, seed=0))
+
+
 SMOKE_BUDGET = ("SMOKE, not a result: 2 RL steps of 8 x 8 from a 4-step SFT, tiny eval; "
                 "arms marked 'validated' were configured and validated, not trained")  # fmt: skip
 SMOKE_SKIPPED = "validated"
@@ -173,13 +188,15 @@ RUNNING = "running in another worker"
 
 def smoke_base(cfg):
     """The --smoke budget: a 1-layer d=32 model, 2 RL steps of 8 x 8, 4 SFT steps, a tiny
-    eval (16 problems x 16 samples), on 1-digit problems. Same warm start for every module,
+    eval (16 problems x 16 samples), on 1-digit problems, 16 of them held out for tuning
+    (design's shape). Same warm start for every module and seed,
     so tests can share one SFT_DIR. Only Table.smoke_arms train (CI time); the other arms'
     configs are built and validated."""
     m = dataclasses.replace(cfg.model, hidden_size=32, num_layers=1, num_heads=2,
                             num_kv_heads=1, intermediate_size=64)  # fmt: skip
-    task = dataclasses.replace(cfg.task, digits=1, train_size=150, test_size=16)
-    sft = dataclasses.replace(cfg.sft, steps=4, batch_size=8)
+    task = dataclasses.replace(cfg.task, digits=1, train_size=150, test_size=16,
+                               validation_size=16)  # fmt: skip
+    sft = dataclasses.replace(cfg.sft, steps=4, batch_size=8, seed=0)
     ev = dataclasses.replace(cfg.eval, n_eval=16, problems=16)
     cfg = dataclasses.replace(cfg, model=m, task=task, sft=sft, eval=ev, max_new_tokens=4)
     return budget(cfg, 2, 8, 8)
@@ -279,7 +296,8 @@ def warm_start(table: Table, seed: int, ctx: Context) -> None:
     ctx.sft_dir.mkdir(parents=True, exist_ok=True)
     with open(ctx.sft_dir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        components, _ = open_run(cfg, ctx.workdir / ctx.runs / "_warm_start" / name, ctx.log)
+        handle = ctx.workdir / "runs" / "_warm_start" / f"seed{seed}"  # the base config's
+        components, _ = open_run(cfg, handle, ctx.log)
         components.close()
         fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -310,6 +328,9 @@ def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
     each arm takes the grid's smallest rate."""
     t = table.tuning
     chosen, rows = {}, []
+    if not (ctx.smoke or ctx.report_only):
+        for seed in t.seeds:
+            warm_start(table, seed, ctx)
     for arm in table.arms:
         metric = arm.select or tuning.OBJECTIVE
         scores = []
@@ -321,9 +342,6 @@ def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
             at = dataclasses.replace(
                 ctx, runs=f"tuning/lr{lr:g}", adjust=adjust, validate_only=ctx.smoke
             )
-            if not (ctx.smoke or ctx.report_only):
-                for seed in t.seeds:
-                    warm_start(table, seed, at)
             mine = [{**run_one(table, arm, seed, at), "lr": lr} for seed in t.seeds]
             rows += mine
             trained = [r for r in mine if r["status"] != SMOKE_SKIPPED]

@@ -25,6 +25,7 @@ from experiments import harness
 from experiments.claims import Claim
 from experiments.configs import tiny_arith
 from experiments.harness import Arm
+from experiments.tuning import Tuning
 from kjax.rl.config import (
     Objective,
     ObjectiveConfig,
@@ -35,14 +36,14 @@ from kjax.rl.config import (
 )
 
 STEPS, B, N, K, N_EVAL = 100, 16, 16, 8, 32
+LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 
 
 def base(seed: int, smoke: bool):
     cfg = tiny_arith.BASE
     if smoke:
         return harness.smoke_base(cfg)
-    cfg = harness.budget(cfg, STEPS, B, N)
-    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, n_eval=N_EVAL))
+    return harness.design(cfg, STEPS, B, N, n_eval=N_EVAL)
 
 
 def ppo(epochs: int, mode: OffPolicyMaxAtK):
@@ -101,8 +102,10 @@ TABLE = harness.Table(
     columns=(("max@1", "max@1"), ("max@8", "max@8"), ("max@32", "max@32")),
     base=base,
     smoke_arms=(EXACT, LINEAR),
-    budget=f"{STEPS} RL steps of {B} x {N} (PPO) from a 1500-step SFT warm start; eval 200 "
-    f"problems x {N_EVAL} samples; binary arithmetic reward (max@k = pass@k)",
+    budget=f"{STEPS} RL steps of {B} x {N} (PPO) from one 1500-step SFT warm start, each "
+    f"arm's learning rate tuned; eval 1000 test problems x {N_EVAL} samples; binary "
+    "arithmetic reward (max@k = pass@k)",
+    tuning=Tuning(grid=LEARNING_RATES),
 )
 
 

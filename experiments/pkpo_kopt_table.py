@@ -19,15 +19,17 @@ from experiments import harness
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
 from experiments.harness import Arm
+from experiments.tuning import Tuning
 from kjax.rl.config import KSchedule, KScheduleKind, Objective, ObjectiveConfig
 
-STEPS, B, N = 100, 16, 16
+STEPS, B, N = 200, 16, 16
+LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 KS = (1, 2, 4, 8, 16)
 
 
 def base(seed: int, smoke: bool):
     cfg = tiny_arith.BASE
-    return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
+    return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 
 def k_opt(k: int):
@@ -69,8 +71,9 @@ TABLE = harness.Table(
     columns=tuple((f"pass@{k}", f"pass@{k}") for k in KS),
     base=base,
     smoke_arms=("k_opt=8", "anneal 8->1"),
-    budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from a 1500-step SFT warm "
-    "start; eval 200 problems x 16 samples",
+    budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from one 1500-step SFT warm "
+    "start, each arm's learning rate tuned; eval 1000 test problems x 32 samples",
+    tuning=Tuning(grid=LEARNING_RATES),
 )
 
 

@@ -22,6 +22,7 @@ from experiments import harness
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
 from experiments.harness import Arm
+from experiments.tuning import Tuning
 from kjax.rl.config import (
     MaxAtKEstimator,
     Objective,
@@ -31,12 +32,13 @@ from kjax.rl.config import (
     StepConfig,
 )
 
-STEPS, B, N, K = 100, 16, 16, 8
+STEPS, B, N, K = 200, 16, 16, 8
+LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 
 
 def base(seed: int, smoke: bool):
     cfg = tiny_arith.BASE
-    return harness.smoke_base(cfg) if smoke else harness.budget(cfg, STEPS, B, N)
+    return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 
 def arm(
@@ -156,8 +158,10 @@ TABLE = harness.Table(
     ),
     base=base,
     smoke_arms=(name(MEAN, PG), name(LOO_NK, PPO), name(MAJ, PG)),
-    budget=f"{STEPS} RL steps of 256 samples (16 x 16; 32 x 8 for N=k) from a 1500-step SFT "
-    "warm start, PG or PPO with 2 epochs; eval 200 problems x 16 samples",
+    budget=f"{STEPS} RL steps of 256 samples (16 x 16; 32 x 8 for N=k) from one 1500-step SFT "
+    "warm start, PG or PPO with 2 epochs, each arm's learning rate tuned; eval 1000 test "
+    "problems x 32 samples",
+    tuning=Tuning(grid=LEARNING_RATES),
 )
 
 
