@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -269,3 +270,35 @@ def claims_table(claims: Sequence[Claim], judged: Sequence[dict]) -> str:
             f"{j['seeds_for_mde'] or 'n/a'} |"
         )
     return "\n".join(lines)
+
+
+_METRIC_KEY = re.compile(r"(?:(?P<scope>.+)/)?(?P<name>[A-Za-z_]\w*)@(?P<k>[1-9][0-9]*)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricKey:
+    """The key of a k-sample metric: "pass@8" is MetricKey("pass", 8), "epoch1/pass@256" is
+    MetricKey("pass", 256, scope="epoch1"). Written with str(), read back with parse()."""
+
+    name: str
+    k: int
+    scope: str = ""
+
+    def __str__(self) -> str:
+        key = f"{self.name}@{self.k}"
+        return f"{self.scope}/{key}" if self.scope else key
+
+    @classmethod
+    def parse(cls, key: str) -> MetricKey:
+        found = _METRIC_KEY.fullmatch(key)
+        if found is None:
+            raise ValueError(
+                f"metric key {key!r} is not NAME@K or SCOPE/NAME@K with K >= 1 "
+                "(e.g. 'pass@8', 'epoch1/pass@256')"
+            )
+        return cls(found["name"], int(found["k"]), found["scope"] or "")
+
+    @classmethod
+    def find(cls, key: str) -> MetricKey | None:
+        """parse(key) for a k-sample metric; None for a scalar one (no '@': 'gradvar')."""
+        return cls.parse(key) if "@" in key else None

@@ -30,19 +30,10 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from experiments import tuning
-from experiments.claims import (  # re-exported: table modules build claims from harness
-    TEST,
-    Claim,
-    claims_table,
-    fmt,
-    judge_all,
-    t_interval,
-    values,
-)
-from experiments.provenance import provenance, provenance_line
+from experiments.claims import Claim, MetricKey
+from experiments.provenance import provenance
+from experiments.report import RUNNING, SMOKE_SKIPPED, write_outputs
 from experiments.tuning import Tuning
 
 
@@ -103,38 +94,6 @@ class ArmFailed(RuntimeError):
     """An arm raised while being built or run (not a divergence): a bug, never a result."""
 
 
-_METRIC_KEY = re.compile(r"(?:(?P<scope>.+)/)?(?P<name>[A-Za-z_]\w*)@(?P<k>[1-9][0-9]*)")
-
-
-@dataclasses.dataclass(frozen=True)
-class MetricKey:
-    """The key of a k-sample metric: "pass@8" is MetricKey("pass", 8), "epoch1/pass@256" is
-    MetricKey("pass", 256, scope="epoch1"). Written with str(), read back with parse()."""
-
-    name: str
-    k: int
-    scope: str = ""
-
-    def __str__(self) -> str:
-        key = f"{self.name}@{self.k}"
-        return f"{self.scope}/{key}" if self.scope else key
-
-    @classmethod
-    def parse(cls, key: str) -> MetricKey:
-        found = _METRIC_KEY.fullmatch(key)
-        if found is None:
-            raise ValueError(
-                f"metric key {key!r} is not NAME@K or SCOPE/NAME@K with K >= 1 "
-                "(e.g. 'pass@8', 'epoch1/pass@256')"
-            )
-        return cls(found["name"], int(found["k"]), found["scope"] or "")
-
-    @classmethod
-    def find(cls, key: str) -> MetricKey | None:
-        """parse(key) for a k-sample metric; None for a scalar one (no '@': 'gradvar')."""
-        return cls.parse(key) if "@" in key else None
-
-
 # ---------------------------------------------------------------------------------- runs
 
 
@@ -178,12 +137,6 @@ def design(cfg, steps: int, batch: int, samples: int, *, problems: int = 1000, n
     )
     ev = dataclasses.replace(cfg.eval, problems=problems, n_eval=n_eval)
     return dataclasses.replace(cfg, task=task, eval=ev, sft=dataclasses.replace(cfg.sft, seed=0))
-
-
-SMOKE_BUDGET = ("SMOKE, not a result: 2 RL steps of 8 x 8 from a 4-step SFT, tiny eval; "
-                "arms marked 'validated' were configured and validated, not trained")  # fmt: skip
-SMOKE_SKIPPED = "validated"
-RUNNING = "running in another worker"
 
 
 def smoke_base(cfg):
@@ -369,145 +322,6 @@ def merge(table: Table, rows: list[dict], extra: dict) -> None:
             row["metrics"].update(table.derive(row["metrics"]))
 
 
-def arm_table(rows: list[dict], arms: Sequence[str], columns) -> str:
-    head = "| arm | " + " | ".join(label for label, _ in columns) + " | runs |"
-    lines = [head, "|" + "---|" * (len(columns) + 2)]
-    for arm in arms:
-        mine = [r for r in rows if r["arm"] == arm]
-        cells = [fmt(*t_interval(list(values(rows, arm, key).values()))) for _, key in columns]
-        kinds = ("ok", "diverged", SMOKE_SKIPPED, RUNNING)
-        status = {s: sum(r["status"] == s for r in mine) for s in kinds}
-        runs = ", ".join(f"{n} {s}" for s, n in status.items() if n) or "0"
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {runs} |")
-    start = [f"start/{key}" for _, key in columns]
-    first = arms[0]
-    if all(values(rows, first, key) for key in start):  # the shared warm start, before RL
-        cells = [fmt(*t_interval(list(values(rows, first, key).values()))) for key in start]
-        n = len(values(rows, first, start[0]))
-        lines.append("| SFT warm start (before RL) | " + " | ".join(cells) + f" | {n} ok |")
-    return "\n".join(lines)
-
-
-def report(
-    table: Table,
-    rows: list[dict],
-    seeds: Sequence[int],
-    smoke: bool,
-    written: dict | None = None,
-    chosen: dict | None = None,
-) -> str:
-    """The Markdown of the table: budget, the test, arm table, claims with verdicts and
-    their tests, the tuning (`chosen`, when the table tunes), run time, and `written` (a
-    provenance() of the writer) when given."""
-    hours = sum(r.get("wall_s", 0.0) for r in rows) / 3600
-    diverged = [f"{r['arm']} (seed {r['seed']})" for r in rows if r["status"] == "diverged"]
-    judged = judge_all(rows, table.claims)
-    parts = [
-        f"## {table.title}",
-        "",
-        f"Budget: {SMOKE_BUDGET if smoke else table.budget}. Seeds: "
-        f"{', '.join(map(str, seeds))}. Cells: mean over seeds [95% t-interval].",
-        "",
-        arm_table(rows, [a.name for a in table.arms], table.columns),
-        "",
-        claims_table(table.claims, judged),
-        "",
-        TEST,
-        "",
-    ]
-    if chosen:
-        t = table.tuning
-        parts += [
-            f"Learning rates (tuning seeds {', '.join(map(str, t.seeds))}, disjoint from the "
-            "reported ones; scored on the validation split, disjoint from the test problems, "
-            "by each arm's own objective; mean over the tuning seeds):",
-            "",
-            tuning.tuning_table(chosen),
-            "",
-        ]
-    parts += [
-        f"Diverged: {', '.join(diverged) or 'none'}. Compute: {hours:.2f} h of run time "
-        "(sum over runs).",
-    ]
-    if written is not None:
-        parts += ["", provenance_line(written)]
-        bare = sum("provenance" not in r for r in rows)
-        if bare:
-            parts[-1] += (
-                f" {bare} of {len(rows)} rows carry no provenance: they were run before it was "
-                "recorded (README says where they came from)."
-            )
-    return "\n".join(parts) + "\n"
-
-
-def bar_plot(table: Table, rows: list[dict], path: pathlib.Path) -> None:
-    """Grouped bars with 95% intervals: the @k metrics in one panel (a group per column,
-    a bar per arm), every other column (e.g. gradient variance) in its own log panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = [a.name for a in table.arms]
-    rates = [c for c in table.columns if MetricKey.find(c[1]) is not None]
-    others = [c for c in table.columns if MetricKey.find(c[1]) is None]
-    panels = [rates] + [[c] for c in others] if rates else [[c] for c in others]
-    widths = [max(4, 1.1 * len(p) * len(arms) / 3) for p in panels]
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.2), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})  # fmt: skip
-    width = 0.8 / len(arms)
-    for ax, cols in zip(axes[0], panels, strict=True):
-        for i, arm in enumerate(arms):
-            cis = [t_interval(list(values(rows, arm, key).values())) for _, key in cols]
-            mean = np.array([m for m, _, _ in cis])
-            err = np.array([[m - lo, hi - m] for m, lo, hi in cis]).T
-            ax.bar(np.arange(len(cols)) + i * width, mean, width, label=arm,
-                   yerr=np.nan_to_num(err), capsize=2)  # fmt: skip
-        ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [label for label, _ in cols])
-        if cols is not rates:
-            ax.set_yscale("log")
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("mean over seeds, 95% CI")
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.suptitle(table.title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_outputs(
-    table: Table,
-    rows: list[dict],
-    seeds,
-    smoke: bool,
-    out: pathlib.Path,
-    chosen: dict | None = None,
-    tuning_rows: Sequence[dict] = (),
-) -> str:
-    """NAME.jsonl (a row per run), NAME.claims.json (judge_all's p's and verdicts), NAME.md
-    and NAME.png in out; the last three record this writer's provenance(). A tuned table
-    also writes NAME.tuning.jsonl (a row per tuning run, with its "lr") and the chosen
-    rates in NAME.claims.json."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = provenance()
-    (out / f"{table.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if chosen:
-        lines = "".join(json.dumps(r) + "\n" for r in tuning_rows)
-        (out / f"{table.name}.tuning.jsonl").write_text(lines)
-    judged = [
-        {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in j.items()}
-        for j in judge_all(rows, table.claims)
-    ]
-    claims = {"test": TEST, "seeds": list(seeds), "provenance": written, "claims": judged}
-    if chosen:
-        claims["tuning"] = {"seeds": list(table.tuning.seeds), "chosen": chosen}
-    (out / f"{table.name}.claims.json").write_text(json.dumps(claims, indent=1) + "\n")
-    text = report(table, rows, seeds, smoke, written, chosen)
-    (out / f"{table.name}.md").write_text(text)
-    (table.plot or bar_plot)(table, rows, out / f"{table.name}.png")
-    return text
-
-
 def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"experiments.{prog}")
     p.add_argument("--workdir", required=True, help="runs under WORKDIR/runs; outputs in WORKDIR")
@@ -517,6 +331,11 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p.add_argument("--sft_dir", default="", help="shared SFT warm starts (default WORKDIR/sft)")
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: tabulate the seeds whose arms all finished")  # fmt: skip
+    p.add_argument("--arms", default="",
+                   help="comma-separated arm names: run (and judge) only these")  # fmt: skip
+    p.add_argument("--learning_rates", default="",
+                   help="take each arm's rate from this NAME.claims.json of a tuned run "
+                        "instead of tuning again")  # fmt: skip
     p.add_argument("--from_rows", default="",
                    help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
                         "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
@@ -554,6 +373,30 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
     return rows, done
 
 
+def only_arms(table: Table, names: Sequence[str]) -> Table:
+    """The table with only the named arms and the claims between them (--arms)."""
+    known = [a.name for a in table.arms]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--arms: {unknown} are not arms of {table.name}; its arms: {known}")
+    keep = set(names)
+    claims_ = tuple(c for c in table.claims if c.arm in keep and c.baseline in (None, *keep))
+    arms = tuple(a for a in table.arms if a.name in keep)
+    smoke = tuple(a for a in table.smoke_arms if a in keep)
+    return dataclasses.replace(table, arms=arms, claims=claims_, smoke_arms=smoke)
+
+
+def tuned_rates(table: Table, path: pathlib.Path) -> dict[str, dict]:
+    """The chosen rates of a tuned run's NAME.claims.json (--learning_rates), every arm's."""
+    if not path.exists():
+        raise FileNotFoundError(f"--learning_rates={path}: no such file")
+    chosen = json.loads(path.read_text()).get("tuning", {}).get("chosen", {})
+    missing = [a.name for a in table.arms if a.name not in chosen]
+    if missing:
+        raise ValueError(f"--learning_rates={path} has no tuned rate for the arms {missing}")
+    return {a.name: chosen[a.name] for a in table.arms}
+
+
 def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
     """Writes the table's outputs from finished rows (a NAME.jsonl) without training: the
     table's derived metrics are recomputed and its current claims judged. The rows keep
@@ -581,13 +424,21 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
         return rejudge(table, pathlib.Path(args.from_rows), workdir)
     chosen, tuning_rows = None, []
     try:
-        if table.tuning is not None:  # before any reported run: nothing reported is tuned on
+        if args.arms:
+            table = only_arms(table, [a.strip() for a in args.arms.split(",")])
+        if args.learning_rates:
+            chosen = tuned_rates(table, pathlib.Path(args.learning_rates))
+            ctx = with_tuned_rates(ctx, chosen)
+        elif table.tuning is not None:  # before any reported run: nothing reported is tuned on
             chosen, tuning_rows = tune(table, ctx)
             ctx = with_tuned_rates(ctx, chosen)
         if args.report_only:
             rows, seeds = finished_rows(table, seeds, ctx)
         else:
             rows = run_table(table, seeds, ctx)
+    except (ValueError, FileNotFoundError) as e:  # a bad --arms or --learning_rates
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except ArmFailed as e:  # finished runs are kept; the table resumes after the fix
         traceback.print_exception(e.__cause__)
         print(f"error: {e}. No table was written; fix the arm and rerun.", file=sys.stderr)

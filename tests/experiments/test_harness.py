@@ -21,8 +21,8 @@ import pytest
 from scipy import stats
 
 from experiments import claims, harness, tuning
-from experiments.claims import Claim, ClaimKind
-from experiments.harness import Arm, MetricKey
+from experiments.claims import Claim, ClaimKind, MetricKey
+from experiments.harness import Arm
 from experiments.provenance import git_commit, provenance
 from kjax.rl.config import EvalSplit, Objective, ObjectiveConfig, TaskConfig, TrainConfig
 
@@ -437,3 +437,18 @@ def test_from_rows_rejudges_a_finished_table_without_training(tmp_path):
     assert "6 of 6 rows carry no provenance" in (out / "t.md").read_text()
     argv = ["--workdir", str(out), "--from_rows", str(tmp_path / "missing.jsonl")]
     assert harness.main(table, argv) == 1
+
+
+def test_arms_and_learning_rates_rerun_part_of_a_tuned_table(tmp_path, capsys):
+    table = _tuning_table()
+    assert harness.main(table, ["--workdir", str(tmp_path / "full"), "--seeds", "2"]) == 0
+    rates = str(tmp_path / "full" / "tt.claims.json")
+    SEEN.clear()
+    argv = ["--workdir", str(tmp_path / "part"), "--seeds", "2", "--arms", "b"]
+    assert harness.main(table, [*argv, "--learning_rates", rates]) == 0
+    assert {(arm, seed, lr) for arm, seed, _, lr in SEEN} == {("b", 0, 2e-3), ("b", 1, 2e-3)}
+    assert not (tmp_path / "part" / "tuning").exists()  # the rates were not tuned again
+    assert harness.main(table, [*argv[:4], "--arms", "c"]) == 2
+    assert "--arms: ['c'] are not arms of tt" in capsys.readouterr().err
+    missing = str(tmp_path / "none.json")
+    assert harness.main(table, [*argv, "--learning_rates", missing]) == 2

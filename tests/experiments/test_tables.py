@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from experiments import claims, harness
+from experiments import claims, harness, report
 from experiments.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
@@ -56,7 +56,7 @@ def test_smoke_run_writes_table_figure_and_rows(smoke, name):
     trained = set(table.smoke_arms) or {a.name for a in table.arms}  # the rest: validated
     assert all(r["seed"] == 0 for r in rows)
     assert {r["arm"]: r["status"] for r in rows} == {
-        a.name: "ok" if a.name in trained else harness.SMOKE_SKIPPED for a in table.arms
+        a.name: "ok" if a.name in trained else report.SMOKE_SKIPPED for a in table.arms
     }
     for claim in table.claims:  # every claim gets a verdict line
         m = claim.equivalence_margin
@@ -120,7 +120,7 @@ def test_claims_pair_by_seed_and_leave_diverged_runs_out():
     mean, low, high = claims.t_interval(diffs)
     assert j["seeds"] == 4 and j["mean"] == pytest.approx(mean) and j["low"] == pytest.approx(low)
     assert (j["verdict"] == claims.REPRODUCED) == (low > 0)  # one claim: its 95% interval
-    table = harness.arm_table(rows, ["a", "b"], [("m", "m")])
+    table = report.arm_table(rows, ["a", "b"], [("m", "m")])
     assert "| 4 ok, 1 diverged |" in table  # reported, not dropped
     # Unpaired means would differ from the paired difference: pairing is by seed.
     one_sided = claims.judge(_rows({"a": a[:3], "b": b}), Claim("y", "", "m", "a", "b"))
