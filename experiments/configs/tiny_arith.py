@@ -4,9 +4,9 @@
 2-layer, d=64 character-level Llama (~100k params) is SFT-warm-started (1500 steps of 64)
 on 2-digit +/- arithmetic (kjax_arith), then trained with RL for 300 steps of 16 prompts x
 16 samples (PG, AdamW 1e-3). Measured (experiments/quickstart.py runs `mean` and `passk`
-from the same warm start; all 200 held-out problems, n=16): before RL pass@1 0.091,
-pass@16 0.650; after `mean` 0.119 / 0.640; after `passk` 0.132 / 0.795: the mean
-objective leaves pass@16 flat, the pass@k objective buys pass@16. Presets: mean
+from the same warm start; all 200 held-out problems, n=16; pinned environment): before RL
+pass@1 0.076, pass@16 0.630; after `mean` 0.107 / 0.570; after `passk` 0.109 / 0.730: the
+mean objective costs pass@16, the pass@k objective buys it. Presets: mean
 (RLOO), passk (pass@k, k=8, LOO-1), majority (maj@k, k=8).
 """
 
