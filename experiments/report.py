@@ -54,10 +54,11 @@ def report(
     smoke: bool,
     written: dict | None = None,
     chosen: dict | None = None,
+    tuning_hours: float = 0.0,
 ) -> str:
     """The Markdown of the table: budget, the test, arm table, claims with verdicts and
-    their tests, the tuning (`chosen`, when the table tunes), run time, and `written` (a
-    provenance() of the writer) when given."""
+    their tests, the tuning (`chosen`, when the table tunes), run time (`tuning_hours` of
+    it in tuning runs), and `written` (a provenance() of the writer) when given."""
     hours = sum(r.get("wall_s", 0.0) for r in rows) / 3600
     diverged = [f"{r['arm']} (seed {r['seed']})" for r in rows if r["status"] == "diverged"]
     judged = judge_all(rows, table.claims)
@@ -86,7 +87,8 @@ def report(
         ]
     parts += [
         f"Diverged: {', '.join(diverged) or 'none'}. Compute: {hours:.2f} h of run time "
-        "(sum over runs).",
+        "(sum over runs)"
+        + (f", and {tuning_hours:.2f} h of tuning runs." if tuning_hours else "."),
     ]
     if written is not None:
         parts += ["", provenance_line(written)]
@@ -161,7 +163,8 @@ def write_outputs(
     if chosen:
         claims["tuning"] = {"seeds": list(table.tuning.seeds), "chosen": chosen}
     (out / f"{table.name}.claims.json").write_text(json.dumps(claims, indent=1) + "\n")
-    text = report(table, rows, seeds, smoke, written, chosen)
+    tuning_hours = sum(r.get("wall_s", 0.0) for r in tuning_rows) / 3600
+    text = report(table, rows, seeds, smoke, written, chosen, tuning_hours)
     (out / f"{table.name}.md").write_text(text)
     (table.plot or bar_plot)(table, rows, out / f"{table.name}.png")
     return text
