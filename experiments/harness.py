@@ -141,17 +141,20 @@ def design(cfg, steps: int, batch: int, samples: int, *, problems: int = 1000, n
 
 def smoke_base(cfg):
     """The --smoke budget: a 1-layer d=32 model, 2 RL steps of 8 x 8, 4 SFT steps, a tiny
-    eval (16 problems x 16 samples), on 1-digit problems, 16 of them held out for tuning
+    eval (16 problems x 16 samples), on 150 problems (arithmetic: 1-digit), 16 of them held
+    out for tuning
     (design's shape). Same warm start for every module and seed,
     so tests can share one SFT_DIR. Only Table.smoke_arms train (CI time); the other arms'
     configs are built and validated."""
     m = dataclasses.replace(cfg.model, hidden_size=32, num_layers=1, num_heads=2,
                             num_kv_heads=1, intermediate_size=64)  # fmt: skip
-    task = dataclasses.replace(cfg.task, digits=1, train_size=150, test_size=16,
-                               validation_size=16)  # fmt: skip
+    small = {"digits": 1} if hasattr(cfg.task, "digits") else {}  # arithmetic: 1-digit
+    task = dataclasses.replace(cfg.task, train_size=150, test_size=16, validation_size=16,
+                               **small)  # fmt: skip
     sft = dataclasses.replace(cfg.sft, steps=4, batch_size=8, seed=0)
     ev = dataclasses.replace(cfg.eval, n_eval=16, problems=16)
-    cfg = dataclasses.replace(cfg, model=m, task=task, sft=sft, eval=ev, max_new_tokens=4)
+    tokens = 4 if small else cfg.max_new_tokens  # a countdown solution needs its length
+    cfg = dataclasses.replace(cfg, model=m, task=task, sft=sft, eval=ev, max_new_tokens=tokens)
     return budget(cfg, 2, 8, 8)
 
 

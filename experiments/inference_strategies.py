@@ -1,19 +1,20 @@
 """Inference-time strategies on a trained policy: best-of-N selectors and sample allocation.
 
-  python -m experiments.inference_strategies --workdir=DIR [--checkpoint=RUN_DIR] [--smoke]
+  python -m experiments.inference_strategies --workdir=DIR [--checkpoint=RUN_DIR ...] [--smoke]
 
 RUN_DIR is a training run's workdir (experiment.json + checkpoints/, as written by
-kjax.rl.loop.train_and_evaluate). Default: the quickstart's pass@k run (tiny_arith
-`passk`), trained into DIR/quickstart if absent (~2-5 min on 2 CPU cores). On kjax_arith
-and kjax_countdown held-out problems, with N samples each at the run's eval temperature:
+kjax.rl.loop.train_and_evaluate); each one is evaluated on its own task's held-out
+problems (give --checkpoint once per run). Default: the quickstart's pass@k run
+(tiny_arith `passk`, trained into DIR/quickstart if absent, ~2-5 min on 2 CPU cores) and
+a countdown max@k run (tiny_countdown `maxk`, trained into DIR/countdown if absent,
+~4 min). For each, with N samples per problem at the run's eval temperature:
 accuracy vs n for every selector (exact U-statistics: kjax.inference.best_of_n_accuracy,
 maj@k, Borda averaged over subsets), and the sample allocation over temperatures
 {0.4, 0.7, 1.0} fitted on training problems against the best single temperature at the
 same budget, valued on held-out problems (unbiased estimator). Writes DIR/inference.md,
-DIR/accuracy_vs_n.png and DIR/results.json. --smoke: a random-init tiny policy, a few
-problems (< 60 s on CPU; exercises every path). Countdown prompts for the character-level
-tiny model are "numbers target=" (its alphabet has no parentheses or division); a policy
-trained on arithmetic only is not expected to solve them.
+DIR/accuracy_vs_n.png and DIR/results.json. --smoke: random-init tiny policies for
+arithmetic and countdown, a few problems (< 60 s on CPU; exercises every path). A sample
+counts as correct when its reward is 1 (countdown: an exact hit; near misses score less).
 """
 
 from __future__ import annotations
@@ -31,12 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kjax import checkpoint, evaluation, inference, objectives, sharding
-from kjax.data import builders, loader, prompts, synthetic
+from kjax import checkpoint, evaluation, inference, objectives, sharding, tasks
+from kjax.data import loader
 from kjax.models import llama
-from kjax.rewards import countdown
 from kjax.rl import task as task_lib
-from kjax.rl.config import EvalConfig, ModelConfig, TaskConfig, TrainConfig, to_json
+from kjax.rl.config import (
+    ArithConfig,
+    CountdownConfig,
+    EvalConfig,
+    ModelConfig,
+    TrainConfig,
+    to_json,
+)
 from kjax.sampling import sample_params
 
 TEMPERATURES = (0.4, 0.7, 1.0)
@@ -49,19 +56,16 @@ class Setup:
     problems: int = 200  # held-out problems per task (curves and allocation value)
     train_problems: int = 200  # problems the allocation's success rates come from
     budgets: tuple[int, ...] = (2, 4, 8, 16)  # samples per problem (unit cost each)
-    countdown_tokens: int = 12  # max new tokens of a countdown answer
     borda_subsets: int = 64
     seed: int = 0
 
 
-SMOKE = Setup(
-    samples=4, problems=8, train_problems=8, budgets=(2, 4), countdown_tokens=8, borda_subsets=8
-)
+SMOKE = Setup(samples=4, problems=8, train_problems=8, budgets=(2, 4), borda_subsets=8)
 
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """A trained model and its arithmetic task. vocab_size: the tokenizer's true vocabulary."""
+    """A trained model and its task. vocab_size: the tokenizer's true vocabulary."""
 
     cfg: TrainConfig
     model_config: Any
@@ -80,7 +84,7 @@ def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
     ident = json.loads((run_dir / "experiment.json").read_text())
     cfg = TrainConfig(
         model=ModelConfig(**ident["model"]),
-        task=TaskConfig(**ident["task"]),
+        task=tasks.config_from_json(ident["task"]),
         eval=EvalConfig(**{**ident["eval"], "problems": problems}),
         max_new_tokens=ident["max_new_tokens"],
         seed=ident["seed"],
@@ -105,48 +109,6 @@ def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
     task = task_lib.load_task(cfg, tokenizer, run_dir / "data")
     vocab = min(getattr(task.tokenizer, "vocab_size", None) or 1 << 62, model_config.vocab_size)
     return Policy(cfg, model_config, params, task, vocab)
-
-
-@dataclasses.dataclass(frozen=True)
-class CountdownTask:
-    """kjax_countdown puzzles in kjax.rl.task's Task protocol (the trainer has no such kind)."""
-
-    tokenizer: Any
-    train: Sequence[dict]
-    test: Sequence[dict]
-    prompt_len: int
-    stop_ids: tuple[int, ...]
-
-    def prompt_ids(self, example: dict) -> list[int]:
-        if isinstance(self.tokenizer, task_lib.CharTokenizer):
-            text = " ".join(str(n) for n in example["numbers"]) + f" {example['target']}="
-            return [task_lib.CharTokenizer.bos_id] + self.tokenizer.encode(text)
-        message = {"role": "user", "content": prompts.instruction(prompts.Task.COUNTDOWN, example)}
-        return self.tokenizer.encode_chat([message])
-
-    def verify(self, completions, examples, pool=None):
-        return countdown.verify(
-            completions, [e["numbers"] for e in examples], [e["target"] for e in examples]
-        )
-
-
-def countdown_task(policy: Policy, data_dir, setup: Setup) -> CountdownTask:
-    spec = synthetic.CountdownSpec(count=3, max_number=20, max_target=60)
-    size = max(setup.problems, setup.train_problems)
-    name = f"c3m20t60n{size}s{setup.seed}"
-    bcfg = builders.CountdownConfig(
-        name=name, spec=spec, train_size=size, test_size=size, seed=setup.seed
-    )
-    source = loader.prepare(builders.KjaxCountdown, data_dir, config=bcfg).as_data_source()
-    split = lambda s, n: [loader.decode(source[s][i]) for i in range(n)]  # noqa: E731
-    task = CountdownTask(
-        policy.task.tokenizer,
-        split("train", setup.train_problems),
-        split("test", setup.problems),
-        0,
-        policy.task.stop_ids,
-    )
-    return task_lib.fit_prompt_len(task, [*task.train, *task.test])
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -277,14 +239,20 @@ def allocation_rows(train: list[Draw], test: list[Draw], budgets, n: int) -> lis
     return rows
 
 
-def run(policy: Policy, workdir: pathlib.Path, setup: Setup) -> dict:
+def run(policies: Sequence[Policy], setup: Setup) -> dict:
+    """{task name: curves, allocation rows, an example} for each policy on its own task."""
     key = jax.random.key(setup.seed)
-    tasks = {
-        "kjax_arith": (policy.task, policy.cfg.max_new_tokens),
-        "kjax_countdown": (countdown_task(policy, workdir / "data", setup), setup.countdown_tokens),
+    names = [p.cfg.task.kind for p in policies]
+    entries = {
+        (name if names.count(name) == 1 else f"{name} ({p.cfg.name})"): (
+            p,
+            p.task,
+            p.cfg.max_new_tokens,
+        )
+        for name, p in zip(names, policies, strict=True)
     }
     results = {}
-    for t, (name, (task, tokens)) in enumerate(tasks.items()):
+    for t, (name, (policy, task, tokens)) in enumerate(entries.items()):
         test = list(task.test)[: setup.problems]
         train = [loader.decode(task.train[i]) for i in range(setup.train_problems)]
         k = jax.random.fold_in(key, t)
@@ -307,6 +275,8 @@ def run(policy: Policy, workdir: pathlib.Path, setup: Setup) -> dict:
         }
         rows = allocation_rows(draws["train"], draws["test"], setup.budgets, setup.samples)
         results[name] = {
+            "run": policy.cfg.name,
+            "temperature": policy.cfg.eval.temperature,
             "curves": curves,
             "allocation": rows,
             "examples": [(test[0], main.texts[0][:4], main.scores[0][:4].tolist())],
@@ -314,13 +284,13 @@ def run(policy: Policy, workdir: pathlib.Path, setup: Setup) -> dict:
     return results
 
 
-def markdown(results: dict, setup: Setup, temperature: float) -> str:
+def markdown(results: dict, setup: Setup) -> str:
     lines = []
     for name, r in results.items():
         ns = sorted(next(iter(r["curves"].values())))
         lines += [
             f"### {name}: accuracy vs N ({setup.problems} held-out problems, "
-            f"{setup.samples} samples each at T={temperature})",
+            f"{setup.samples} samples each at T={r['temperature']}; run {r['run']})",
             "",
             "| selector | " + " | ".join(f"N={n}" for n in ns) + " |",
             "|---|" + "---|" * len(ns),
@@ -372,12 +342,17 @@ def plot(results: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def smoke_run(workdir: pathlib.Path) -> pathlib.Path:
-    """A random-init tiny policy written in the trainer's run layout (no training)."""
-    run_dir = workdir / "smoke_run"
-    cfg = TrainConfig(
-        name="smoke", task=TaskConfig(train_size=64, test_size=16), eval=EvalConfig(problems=8)
-    )
+SMOKE_TASKS = {
+    "arith": ArithConfig(train_size=64, test_size=16),
+    "countdown": CountdownConfig(train_size=64, test_size=16),
+}
+
+
+def smoke_run(workdir: pathlib.Path, kind: str = "arith") -> pathlib.Path:
+    """A random-init tiny policy for one task, written in the trainer's run layout (no
+    training)."""
+    run_dir = workdir / f"smoke_{kind}"
+    cfg = TrainConfig(name=f"smoke_{kind}", task=SMOKE_TASKS[kind], eval=EvalConfig(problems=8))
     checkpoint.ensure_workdir(run_dir, to_json(cfg))
     policy = load_policy(run_dir, problems=8, restore=False)
     with checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig()) as c:
@@ -386,24 +361,39 @@ def smoke_run(workdir: pathlib.Path) -> pathlib.Path:
     return run_dir
 
 
-def default_run(workdir: pathlib.Path) -> pathlib.Path:
-    """The quickstart's pass@k run under workdir/quickstart, trained if absent."""
-    from experiments import quickstart
+def _trained(cfg: TrainConfig, run_dir: pathlib.Path, what: str) -> pathlib.Path:
     from kjax.rl.loop import train_and_evaluate
 
-    cfg = quickstart.configs(workdir / "quickstart")["pass@k (k=8)"]
-    run_dir = workdir / "quickstart" / cfg.name
     if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
-        print(f"training the quickstart's pass@k run into {run_dir} (a few minutes)")
+        print(f"training {what} into {run_dir} (a few minutes)")
         train_and_evaluate(cfg, run_dir, progress=False)
     return run_dir
+
+
+def default_runs(workdir: pathlib.Path) -> list[pathlib.Path]:
+    """The quickstart's pass@k run (arithmetic) and tiny_countdown's max@k run, trained
+    under workdir if absent."""
+    from experiments import quickstart
+    from experiments.configs import tiny_countdown
+
+    arith = quickstart.configs(workdir / "quickstart")["pass@k (k=8)"]
+    countdown = tiny_countdown.get_config("maxk")
+    return [
+        _trained(arith, workdir / "quickstart" / arith.name, "the quickstart's pass@k run"),
+        _trained(countdown, workdir / "countdown", "tiny_countdown's max@k run"),
+    ]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="experiments.inference_strategies")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--checkpoint", default=None, help="a training run's workdir")
-    parser.add_argument("--smoke", action="store_true", help="tiny random policy, < 60 s")
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        help="a training run's workdir (repeat for several runs, each on its own task)",
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny random policies, < 60 s")
     args = parser.parse_args(argv)
     from absl import logging
 
@@ -411,16 +401,18 @@ def main(argv=None) -> int:
     workdir = pathlib.Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     setup = SMOKE if args.smoke else Setup()
-    if args.checkpoint:
-        run_dir = pathlib.Path(args.checkpoint)
+    run_dirs = [pathlib.Path(c) for c in args.checkpoint]
+    for run_dir in run_dirs:
         if not (run_dir / "experiment.json").is_file():
             parser.error(f"--checkpoint={run_dir}: no experiment.json (a training workdir?)")
-    else:
-        run_dir = smoke_run(workdir) if args.smoke else default_run(workdir)
-    policy = load_policy(run_dir, problems=setup.problems)
-    results = run(policy, workdir, setup)
-    text = markdown(results, setup, policy.cfg.eval.temperature)
-    (workdir / "inference.md").write_text(f"policy: {run_dir}\n\n{text}")
+    if not run_dirs:
+        smoke = [smoke_run(workdir, kind) for kind in SMOKE_TASKS]
+        run_dirs = smoke if args.smoke else default_runs(workdir)
+    policies = [load_policy(run_dir, problems=setup.problems) for run_dir in run_dirs]
+    results = run(policies, setup)
+    text = markdown(results, setup)
+    runs = "\n".join(f"- {r}" for r in run_dirs)
+    (workdir / "inference.md").write_text(f"policies:\n{runs}\n\n{text}")
     (workdir / "results.json").write_text(json.dumps(results, indent=1, default=str))
     plot(results, workdir / "accuracy_vs_n.png")
     print(text)

@@ -8,14 +8,21 @@ exactly, inside the clipped surrogate). Hardware: one host with 8 GPUs (H100/H20
 80+ GB) or a TPU v5p-16 slice; mesh fsdp=8 (x tensor=-1 for the rest), bfloat16. Not run
 here (parse-tested only), so no expected numbers are claimed; compare the `mean` preset's
 held-out pass@1 / pass@8 curves (pass_at_k_vs_step.png) with this one's.
+
+Preset `codecontests`: Tang et al. 2025's code setting, pass@k (k=8) on CodeContests with
+the binary all-tests-pass reward, programs run in the sandbox by 32 verifier workers
+(--config.task.manual_dir holds code_contests/{train,test}.jsonl); --config.task.reward=
+fraction gives Bagirov et al.'s continuous max@k reward instead.
 """
 
 import dataclasses
 
 from kjax.rl.config import (
     CheckpointConfig,
+    CodeConfig,
     DType,
     EvalConfig,
+    MathConfig,
     MeshConfig,
     ModelConfig,
     ModelKind,
@@ -26,10 +33,9 @@ from kjax.rl.config import (
     PolicyLoss,
     RatioLevel,
     StepConfig,
-    TaskConfig,
-    TaskKind,
     TrainConfig,
 )
+from kjax.tasks.code import Reward
 
 BASE = TrainConfig(
     name="llama31_8b_math",
@@ -53,15 +59,25 @@ BASE = TrainConfig(
         learning_rate=1e-6, warmup_steps=10, total_steps=300, weight_decay=0.01
     ),
     model=ModelConfig(kind=ModelKind.HF_DIR, dtype=DType.BFLOAT16),
-    task=TaskConfig(kind=TaskKind.MATH, max_prompt_tokens=512),
+    task=MathConfig(max_prompt_tokens=512),
     eval=EvalConfig(every=25, n_eval=16, problems=512),
     checkpoint=CheckpointConfig(every=10, keep=3),
     mesh=MeshConfig(data=1, fsdp=8, tensor=-1),
     verifier_workers=16,
 )
 
+CODE = dataclasses.replace(
+    BASE,
+    name="llama31_8b_codecontests",
+    max_new_tokens=2048,
+    task=CodeConfig(reward=Reward.ALL, timeout_s=4.0, max_tests=20, max_prompt_tokens=1536),
+    eval=dataclasses.replace(BASE.eval, problems=256),
+    verifier_workers=32,
+)
+
 PRESETS = {
     "passk": BASE,
+    "codecontests": CODE,
     "mean": dataclasses.replace(
         BASE,
         name="llama31_8b_math_mean",

@@ -14,6 +14,7 @@ Presets: mean, passk.
 import dataclasses
 
 from kjax.rl.config import (
+    ArithConfig,
     CheckpointConfig,
     EvalConfig,
     ModelConfig,
@@ -23,7 +24,6 @@ from kjax.rl.config import (
     Operator,
     OptimizerConfig,
     StepConfig,
-    TaskConfig,
     TrainConfig,
 )
 
@@ -36,7 +36,7 @@ BASE = TrainConfig(
     rl=StepConfig(microbatches=1),
     optimizer=OptimizerConfig(learning_rate=2e-6, warmup_steps=3, total_steps=30),
     model=ModelConfig(kind=ModelKind.PRETRAINED, name="smollm2-135m-instruct"),
-    task=TaskConfig(
+    task=ArithConfig(
         digits=1,
         operands=2,
         operators=(Operator.ADD, Operator.SUB),

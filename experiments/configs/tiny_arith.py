@@ -13,6 +13,7 @@ mean objective costs pass@16, the pass@k objective buys it. Presets: mean
 import dataclasses
 
 from kjax.rl.config import (
+    ArithConfig,
     CheckpointConfig,
     EvalConfig,
     ModelConfig,
@@ -23,7 +24,6 @@ from kjax.rl.config import (
     PolicyLoss,
     SFTConfig,
     StepConfig,
-    TaskConfig,
     TrainConfig,
 )
 
@@ -41,7 +41,7 @@ BASE = TrainConfig(
     model=ModelConfig(
         hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
     ),
-    task=TaskConfig(
+    task=ArithConfig(
         digits=2, operands=2, operators=(Operator.ADD, Operator.SUB), train_size=4000, test_size=200
     ),
     sft=SFTConfig(steps=1500, batch_size=64, learning_rate=3e-3),

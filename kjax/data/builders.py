@@ -83,7 +83,8 @@ class KjaxCountdown(_GeneratedSplits, tfds.core.GeneratorBasedBuilder):
     """Generated Countdown puzzles (each has at least one solution)."""
 
     _problems = staticmethod(synthetic.countdown_problems)
-    VERSION = _V1
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.1.0": "Each puzzle keeps the generator's solution (SFT targets)."}
     BUILDER_CONFIGS = [CountdownConfig(name="default")]
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -91,6 +92,7 @@ class KjaxCountdown(_GeneratedSplits, tfds.core.GeneratorBasedBuilder):
             "id": tfds.features.Text(),
             "numbers": tfds.features.Tensor(shape=(None,), dtype=np.int64),
             "target": np.int64,
+            "solution": tfds.features.Text(),
         })  # fmt: skip
         return tfds.core.DatasetInfo(builder=self, features=features)
 

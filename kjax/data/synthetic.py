@@ -106,31 +106,43 @@ def arith_problems(spec: ArithSpec, split: Split, seed: int, count: int) -> Iter
     )
 
 
-def solvable_target(numbers: list[int], max_target: int, rng: random.Random) -> int | None:
-    """A positive integer reachable using every number once, chosen by `rng`, or None."""
+def solvable_target(
+    numbers: list[int], max_target: int, rng: random.Random
+) -> tuple[int, str] | None:
+    """(a positive integer reachable using every number once, an expression reaching it),
+    chosen by `rng`, or None. The expression combines the numbers left to right, with the
+    parentheses that order needs ("(3+5)*2-7")."""
     order = numbers[:]
     rng.shuffle(order)
-    value = Fraction(order[0])
+    value, text, last = Fraction(order[0]), str(order[0]), None
     for n in order[1:]:
-        options = [value + n, value * n, value - n]
+        options = [(value + n, "+"), (value * n, "*"), (value - n, "-")]
         if n != 0:
-            options.append(value / n)
-        value = rng.choice(options)
-    return int(value) if value.denominator == 1 and 0 < value <= max_target else None
+            options.append((value / n, "/"))
+        value, op = rng.choice(options)
+        if op in "*/" and last in ("+", "-"):  # the running sum binds first
+            text = f"({text})"
+        text, last = f"{text}{op}{n}", op
+    if value.denominator == 1 and 0 < value <= max_target:
+        return int(value), text
+    return None
 
 
 def countdown_problems(spec: CountdownSpec, split: Split, seed: int, count: int) -> Iterator[dict]:
-    """Yields `count` distinct solvable puzzles: {"id", "numbers": [int], "target": int}."""
+    """Yields `count` distinct solvable puzzles: {"id", "numbers": [int], "target": int,
+    "solution": str}, the solution being the expression the generator built the target
+    from (one of possibly many)."""
     rng = random.Random(f"countdown/{seed}")
     seen: set[str] = set()
     for _ in range(count * 1000):  # bounded, as for arithmetic
         numbers = sorted(rng.randint(1, spec.max_number) for _ in range(spec.count))
-        target = solvable_target(numbers, spec.max_target, rng)
+        found = solvable_target(numbers, spec.max_target, rng)
+        target, solution = found if found is not None else (None, "")
         key = f"{numbers} -> {target}"
         if target is None or key in seen or split_of(key, spec.test_fraction) is not split:
             continue
         seen.add(key)
-        yield {"id": f"countdown-{key}", "numbers": numbers, "target": target}
+        yield {"id": f"countdown-{key}", "numbers": numbers, "target": target, "solution": solution}
         if len(seen) == count:
             return
     raise ValueError(

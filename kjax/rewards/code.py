@@ -82,9 +82,16 @@ class _Run:
     config: SandboxConfig
 
 
-def _run(item: _Run) -> tuple[str, ...] | None:
+def _run(item: _Run) -> tuple[str, tuple[str, ...] | None]:
+    """(the run's outcome, its normalized stdout or None if it did not exit 0)."""
     result = run_python(item.program, item.stdin.encode(), item.timeout_s, item.config)
-    return normalize_output(result.stdout) if result.status is Status.OK else None
+    if result.status is Status.OK:
+        return "ran", normalize_output(result.stdout)
+    return ("timeout" if result.status is Status.TIMEOUT else "crashed"), None
+
+
+# A pool item that never came back (the worker hung past the pool's own limit, or died).
+_LOST = ("lost", None)
 
 
 def verify(
@@ -101,6 +108,9 @@ def verify(
     Answer classes are behaviours: programs printing the same (normalized) outputs on the
     tests share a class; class 0 is the expected outputs; a program that fails every run
     has no answer (-1). With `pool`, all B*N*tests runs go through it in parallel.
+
+    counts tallies the test runs by outcome: "passed", "wrong" (exited 0, other output),
+    "crashed" (non-zero exit or a limit's signal), "timeout", "lost" (the pool gave up).
     """
     if len(completions) != len(tests):
         raise ValueError(f"code.verify: {len(completions)} prompts but {len(tests)} test lists.")
@@ -113,15 +123,18 @@ def verify(
         for c in cs
         for stdin, _ in t
     ]
-    outputs = iter(pool.map(_run, items, default=None) if pool else map(_run, items))
-    rows = []
+    runs = iter(pool.map(_run, items, default=_LOST) if pool else map(_run, items))
+    rows, counts = [], dict.fromkeys(("passed", "wrong", "crashed", "timeout", "lost"), 0)
     for cs, t in zip(completions, tests, strict=True):
         expected = tuple(normalize_output(out) for _, out in t)
         classes = AnswerClasses(expected, equivalent=lambda a, b: a == b, key=lambda a: a)
         scores, ids = [], []
         for _ in cs:
-            sig = tuple(next(outputs) for _ in t)
-            scores.append(sum(o == e for o, e in zip(sig, expected, strict=True)) / len(t))
+            outcomes, sig = zip(*(next(runs) for _ in t), strict=True)
+            hits = [o == e for o, e in zip(sig, expected, strict=True)]
+            for outcome, hit in zip(outcomes, hits, strict=True):
+                counts["passed" if hit else "wrong" if outcome == "ran" else outcome] += 1
+            scores.append(sum(hits) / len(t))
             ids.append(classes.id_of(sig if any(o is not None for o in sig) else None))
         rows.append(PromptVerdict(scores=scores, answer_ids=ids))
-    return stack(rows)
+    return stack(rows, counts)

@@ -194,7 +194,8 @@ def verify(
     """completions: [B][N]; problems: [B]. Scores [B, N] = fraction of assert units passed.
 
     Answer classes: programs passing the same set of units share a class; class 0 passes
-    them all; a program whose harness never reported has no answer (-1).
+    them all; a program whose harness never reported has no answer (-1). counts tallies
+    the programs by outcome (see _outcome).
     """
     if len(completions) != len(problems):
         raise ValueError(
@@ -208,14 +209,26 @@ def verify(
         for c in cs
     ]
     results = iter(pool.map(_check, items, default=None) if pool else map(_check, items))
-    rows = []
+    rows, counts = [], dict.fromkeys(("all_passed", "some_failed", "unreported", "lost"), 0)
     for cs, p in zip(completions, problems, strict=True):
         units = instrument(p.test)[1]
         classes = AnswerClasses((True,) * units, equivalent=lambda a, b: a == b, key=lambda a: a)
         got = [next(results) for _ in cs]
+        for r in got:
+            counts[_outcome(r)] += 1
         rows.append(PromptVerdict(
             scores=[r.score if r is not None else 0.0 for r in got],
             answer_ids=[classes.id_of(r.passed if r is not None and r.reported else None)
                         for r in got],
         ))  # fmt: skip
-    return stack(rows)
+    return stack(rows, counts)
+
+
+def _outcome(result: HumanEvalResult | None) -> str:
+    """A program's outcome for the step metrics: "unreported" is a crash, a timeout or a
+    program that exited before check() finished; "lost" a pool item that never returned."""
+    if result is None:
+        return "lost"
+    if not result.reported:
+        return "unreported"
+    return "all_passed" if all(result.passed) else "some_failed"

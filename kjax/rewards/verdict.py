@@ -26,11 +26,14 @@ class Verdicts:
     scores: [B, N] float32 in [0, 1] (binary or continuous reward).
     answer_ids: [B, N] int32; -1 = no extractable answer; equal ids = equivalent answers.
     target: [B] int32; the class id of the reference answer (always REFERENCE_CLASS).
+    counts: what the verifier saw, tallied over the batch for the step metrics (e.g. code
+    runs by outcome: {"timeout": 3, "crashed": 5}); empty for most verifiers.
     """
 
     scores: np.ndarray
     answer_ids: np.ndarray
     target: np.ndarray
+    counts: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         s, a, t = self.scores, self.answer_ids, self.target
@@ -55,7 +58,7 @@ class PromptVerdict:
     answer_ids: Sequence[int]
 
 
-def stack(rows: Sequence[PromptVerdict]) -> Verdicts:
+def stack(rows: Sequence[PromptVerdict], counts: dict | None = None) -> Verdicts:
     """Stacks B per-prompt verdicts (each with the same N) into a `Verdicts`."""
     if not rows:
         raise ValueError("stack() needs at least one prompt's verdict.")
@@ -66,6 +69,7 @@ def stack(rows: Sequence[PromptVerdict]) -> Verdicts:
         scores=np.asarray([r.scores for r in rows], np.float32).reshape(len(rows), -1),
         answer_ids=np.asarray([r.answer_ids for r in rows], np.int32).reshape(len(rows), -1),
         target=np.full((len(rows),), REFERENCE_CLASS, np.int32),
+        counts=dict(counts or {}),
     )
 
 

@@ -26,7 +26,7 @@ from kjax.rl.config import ModelKind, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
 from kjax.rl.objective import compute_advantages, offpolicy_reweighter
 from kjax.rl.optim import make_optimizer
-from kjax.rl.task import CharTokenizer, Task, load_task
+from kjax.rl.task import Task, load_task, tiny_tokenizer
 from kjax.rl.train_step import TrainState, init_train_state, make_train_step, shardings_of
 from kjax.sampling import sample_params
 
@@ -69,11 +69,12 @@ class Components:
 
 
 def build_model(cfg: TrainConfig, mesh: Mesh):
-    """(LlamaConfig, params on mesh, tokenizer or None for the character tokenizer)."""
+    """(LlamaConfig, params on mesh, tokenizer); a TINY model's is its task's characters."""
     m, dtype = cfg.model, cfg.model.compute_dtype
     if m.kind is ModelKind.TINY:
+        chars = tiny_tokenizer(cfg)
         config = LlamaConfig(
-            vocab_size=CharTokenizer.vocab_size,
+            vocab_size=chars.vocab_size,
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size,
             num_layers=m.num_layers,
@@ -81,13 +82,13 @@ def build_model(cfg: TrainConfig, mesh: Mesh):
             num_kv_heads=m.num_kv_heads,
             head_dim=m.hidden_size // m.num_heads,
             tie_embeddings=True,
-            bos_id=CharTokenizer.bos_id,
-            eos_ids=(CharTokenizer.eos_id,),
+            bos_id=chars.bos_id,
+            eos_ids=(chars.eos_id,),
             max_position_embeddings=256,
         )
         init = cfg.seed if cfg.sft.seed is None else cfg.sft.seed  # part of the warm start
         make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(init)))  # noqa: E731
-        return config, sharding.create_sharded(make, mesh).params(), None
+        return config, sharding.create_sharded(make, mesh).params(), chars
     if m.kind is ModelKind.PRETRAINED:
         from kjax.models import pretrained
 

@@ -1,10 +1,11 @@
 """Typed, frozen configuration of an RL run, and `--config.a.b=value` overrides.
 
 A leaf module: it imports option vocabularies only (the estimator enums of
-kjax.objectives, the arithmetic operators, CheckpointConfig), never the kjax.rl code it
-configures. Every option has one default here; each group validates its own fields on
-construction and `TrainConfig.validate(devices)` checks what spans groups. Presets in
-experiments/configs/ replace a few fields.
+kjax.objectives, CheckpointConfig, the task configs of kjax.tasks, whose modules import
+their implementations lazily), never the kjax.rl code it configures. Every option has one
+default here; each group validates its own fields on construction and
+`TrainConfig.validate(devices)` checks what spans groups. Presets in experiments/configs/
+replace a few fields.
 """
 
 from __future__ import annotations
@@ -14,16 +15,18 @@ import dataclasses
 import enum
 import math
 
+from kjax import tasks
+from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
-from kjax.rl._fields import check_int, coerce_enum, coerce_enums, is_real, need
 from kjax.rl.objective_config import (
     OFFPOLICY_ESTIMATORS,
     KSchedule,
     KScheduleKind,
     Objective,
     ObjectiveConfig,
+    offpolicy_estimator_names,
 )
 from kjax.rl.step_config import (
     KLEstimator,
@@ -34,16 +37,28 @@ from kjax.rl.step_config import (
     RatioLevel,
     StepConfig,
 )
+from kjax.tasks.arith import Config as ArithConfig
+from kjax.tasks.arith import operators as _operators
+from kjax.tasks.base import TaskConfig
+from kjax.tasks.code import Config as CodeConfig
+from kjax.tasks.countdown import Config as CountdownConfig
+from kjax.tasks.humaneval import Config as HumanEvalConfig
+from kjax.tasks.math import Config as MathConfig
 
 __all__ = [
+    "ArithConfig",
     "CheckpointConfig",
+    "CodeConfig",
+    "CountdownConfig",
     "DType",
     "EvalConfig",
     "EvalSplit",
+    "HumanEvalConfig",
     "KLEstimator",
     "KSchedule",
     "KScheduleKind",
     "LossAggregation",
+    "MathConfig",
     "MaxAtKEstimator",
     "MeanBaseline",
     "MeshConfig",
@@ -60,7 +75,6 @@ __all__ = [
     "SFTLoss",
     "StepConfig",
     "TaskConfig",
-    "TaskKind",
     "TrainConfig",
     "coerce_enum",
     "override",
@@ -128,11 +142,6 @@ class ModelConfig:
 # --------------------------------------------------------------------------- task, SFT
 
 
-class TaskKind(enum.Enum):
-    ARITH = "arith"  # kjax_arith, generated
-    MATH = "math"  # math_jsonl builder over <task.manual_dir>/math/*.jsonl
-
-
 class EvalSplit(enum.Enum):
     """Which problems `eval` scores: the held-out TEST split (what tables report), or the
     VALIDATION split (task.validation_size problems held out of training, disjoint from
@@ -145,55 +154,6 @@ class EvalSplit(enum.Enum):
 class SFTLoss(enum.Enum):
     CE = "ce"  # token-mean cross-entropy
     DCO = "dco"  # Chen et al. 2025's confidence-limiting loss at N = sft.dco_n
-
-
-def _operators(value) -> tuple[Operator, ...]:
-    """A tuple of Operator from members, values ("+-" or "+,-") or names ("add,sub")."""
-    if isinstance(value, str):
-        value = value.split(",") if "," in value else list(value)
-    if not isinstance(value, tuple | list) or not value:
-        raise ValueError(
-            f"`config.task.operators` must be a non-empty tuple of Operator; got {value!r}."
-        )
-    ops = tuple(
-        coerce_enum(v.strip() if isinstance(v, str) else v, Operator, "config.task.operators")
-        for v in value
-    )
-    if len(set(ops)) != len(ops):
-        raise ValueError(f"`config.task.operators` repeats an operator; got {value!r}.")
-    return ops
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig:
-    kind: TaskKind = TaskKind.ARITH
-    digits: int = 2
-    operands: int = 2
-    operators: tuple[Operator, ...] = (Operator.ADD, Operator.SUB)
-    train_size: int = 4000
-    test_size: int = 200
-    data_seed: int = 0
-    manual_dir: str = ""  # MATH: directory holding math/{train,test}.jsonl
-    # S, prompts left-pad to it. 0: fit the data (TINY arith: its exact bound; pretrained:
-    # the dataset's longest prompt rounded up to a multiple of 16, one pass at load time).
-    max_prompt_tokens: int = 0
-    # The last validation_size problems of the train split, never trained on (SFT or RL):
-    # the validation split (EvalSplit.VALIDATION). 0: none, the whole train split trains.
-    validation_size: int = 0
-
-    def __post_init__(self):
-        coerce_enums(self, "task.")
-        object.__setattr__(self, "operators", _operators(self.operators))
-        for field, low in (
-            ("digits", 1),
-            ("operands", 2),
-            ("train_size", 1),
-            ("test_size", 1),
-            ("data_seed", 0),
-            ("max_prompt_tokens", 0),
-            ("validation_size", 0),
-        ):
-            check_int(getattr(self, field), f"config.task.{field}", low)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +271,7 @@ class TrainConfig:
     rl: StepConfig = StepConfig()
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, total_steps=1000)
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = ArithConfig()  # a task module's Config, chosen by task.kind
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig(every=20, keep=2)
@@ -329,6 +289,12 @@ class TrainConfig:
             self.temperature,
         )
         need(self.verifier_workers >= 0, "verifier_workers", "must be >= 0", self.verifier_workers)
+        need(
+            isinstance(self.task, TaskConfig),
+            "task",
+            "must be a task module's Config (kjax.tasks; e.g. ArithConfig(), CountdownConfig())",
+            self.task,
+        )
 
     def ks(self) -> tuple[int, ...]:
         """Every k the objective takes during the run (one entry for MEAN and mixtures)."""
@@ -347,12 +313,11 @@ class TrainConfig:
         off = self.rl.offpolicy_max_at_k
         estimator = self.objective.max_at_k_estimator
         if off is not OffPolicyMaxAtK.OFF and not (
-            self.objective.objective is Objective.MAX_AT_K
-            and estimator.name in OFFPOLICY_ESTIMATORS
+            self.objective.objective is Objective.MAX_AT_K and estimator in OFFPOLICY_ESTIMATORS
         ):
             raise ValueError(
                 f"`config.rl.offpolicy_max_at_k`={off.name} needs objective MAX_AT_K with "
-                f"estimator {' / '.join(OFFPOLICY_ESTIMATORS)} (the estimators with an exact "
+                f"estimator {offpolicy_estimator_names(' / ')} (the estimators with an exact "
                 f"off-policy form); got objective {self.objective.objective.name}, estimator "
                 f"{estimator.name}. Set rl.offpolicy_max_at_k=OFF (PPO's ratio then corrects "
                 "the fixed advantages) or change the estimator."
@@ -368,24 +333,7 @@ class TrainConfig:
                 "task.validation_size to the problems to hold out, or eval.split=test",
                 self.eval.split.name,
             )
-        if self.task.kind is TaskKind.ARITH and self.task.validation_size >= self.task.train_size:
-            need(
-                False,
-                "task.validation_size",
-                f"must be below task.train_size={self.task.train_size} (some problems must train)",
-                self.task.validation_size,
-            )
-        if self.task.kind is TaskKind.MATH:
-            need(bool(self.task.manual_dir), "task.manual_dir", "is required for MATH", "")
-        if self.model.kind is ModelKind.TINY:
-            need(
-                self.task.kind is TaskKind.ARITH,
-                "task.kind",
-                "must be ARITH for a TINY "
-                "character-level model (it cannot read MATH); use model.kind=PRETRAINED or "
-                "HF_DIR",
-                self.task.kind.name,
-            )
+        self.task.check(self.model.kind is ModelKind.TINY)
         batch_devices = self.mesh.batch_devices(devices)
         parts = self.rl.minibatches * self.rl.microbatches * batch_devices
         need(
@@ -416,9 +364,10 @@ def override(cfg, items: dict[str, str], _prefix: str = ""):
     """cfg with fields set from strings: {"rl.epochs": "2", "objective.k": "4"}.
 
     Values parse by the current value's type (enums by name or value, bools as
-    true/false, operator tuples as "+-*"). Each nested dataclass is rebuilt once with all
-    its changes, so its validation sees the final combination (e.g. rl.loss and
-    rl.epochs together).
+    true/false, operator tuples as "add,sub" or "+,-"). `task.kind=NAME` swaps the task's
+    config class (kjax.tasks) before the other task.* fields apply. Each nested dataclass
+    is rebuilt once with all its changes, so its validation sees the final combination
+    (e.g. rl.loss and rl.epochs together).
     """
     names = {f.name for f in dataclasses.fields(cfg)}
     nested: dict[str, dict[str, str]] = {}
@@ -437,6 +386,13 @@ def override(cfg, items: dict[str, str], _prefix: str = ""):
         current = getattr(cfg, head)
         if current is None and head == "k_schedule":
             current = KSchedule()
+        if isinstance(current, TaskConfig) and "kind" in sub:
+            # The kind is the config's class: start from the new task's defaults, then set
+            # the other task.* fields on it.
+            sub = dict(sub)
+            kind = sub.pop("kind")
+            cls = tasks.config_class(kind)
+            current = current if type(current) is cls else cls()
         if not dataclasses.is_dataclass(current):
             raise ValueError(f"`config.{_prefix}{head}` is not a group; cannot set {sorted(sub)}.")
         changes[head] = override(current, sub, f"{_prefix}{head}.")

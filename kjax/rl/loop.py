@@ -96,7 +96,8 @@ def rollout(
         task_lib.decode(c.task, tokens[rows], mask[rows]), [examples[i] for i in rows], c.pool
     )
     shared = (local.scores, local.answer_ids, local.target)
-    verdicts = Verdicts(*multihost.share_rows(shared, rows, len(examples), sh))
+    # counts (the verifier's tallies, e.g. code runs by outcome) are this host's rows only.
+    verdicts = Verdicts(*multihost.share_rows(shared, rows, len(examples), sh), local.counts)
     seconds = (t1 - t0, time.perf_counter() - t1)
     return Rollout(prompts, pmask, tokens, mask, ro.logprobs, verdicts, seconds)
 
@@ -142,6 +143,7 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
     t0 = time.perf_counter()
     key = jax.random.fold_in(c.base_key, step)
     timing = {"sample": 0.0, "verify": 0.0, "advantages": 0.0}
+    tallies: dict[str, int] = {}  # the verifier's counts over this step's rollouts
     candidates = []
     for attempt in range(_MAX_REFILLS):
         ro = rollout(
@@ -166,6 +168,8 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         timing["sample"] += ro.seconds[0]
         timing["verify"] += ro.seconds[1]
         timing["advantages"] += time.perf_counter() - t
+        for name, count in v.counts.items():
+            tallies[name] = tallies.get(name, 0) + int(count)
         candidates.append(
             dict(
                 prompts=ro.prompts,
@@ -193,6 +197,7 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         "kept_fraction": kept / (len(candidates) * cfg.batch_prompts),
         "sample_batches": len(candidates),
         **{f"time/{n}": s for n, s in timing.items()},
+        **{f"verify/{n}": count for n, count in tallies.items()},
         "time/step": time.perf_counter() - t0,
     }
     return state, row

@@ -22,6 +22,7 @@ from kjax.rl.objective_config import (
     KScheduleKind,
     Objective,
     ObjectiveConfig,
+    offpolicy_estimator_names,
 )
 from kjax.rl.step_config import OffPolicyMaxAtK, StepConfig
 
@@ -111,7 +112,7 @@ def offpolicy_reweighter(
     """The function the train step calls for updates after a step's first, or None (OFF).
 
     reweight(scores [B,N], log_ratio [B,N], k [] int32) -> [B,N]: Bagirov et al.'s
-    advantages that multiply sample i's own ratio (ESTIMATORS.md section 4), with
+    advantages that multiply sample i's own ratio (docs/estimators.md section 4), with
     log_ratio = log pi_theta(y) - log pi_start(y) per sequence. k is traced: every k in
     `ks` (the run's k values, e.g. KSchedule.values()) is compiled once as a branch of
     lax.switch, so a k schedule never retraces the update.
@@ -119,10 +120,10 @@ def offpolicy_reweighter(
     if step.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
         return None
     estimator = cfg.max_at_k_estimator
-    if cfg.objective is not Objective.MAX_AT_K or estimator.name not in OFFPOLICY_ESTIMATORS:
+    if cfg.objective is not Objective.MAX_AT_K or estimator not in OFFPOLICY_ESTIMATORS:
         raise ValueError(
-            f"`rl.offpolicy_max_at_k` needs objective MAX_AT_K with estimator in "
-            f"{OFFPOLICY_ESTIMATORS}; got {cfg.objective.name} / {estimator.name}."
+            f"`rl.offpolicy_max_at_k` needs objective MAX_AT_K with estimator "
+            f"{offpolicy_estimator_names()}; got {cfg.objective.name} / {estimator.name}."
         )
     exact = step.offpolicy_max_at_k is OffPolicyMaxAtK.EXACT
     ks = tuple(sorted(set(ks)))

@@ -10,8 +10,8 @@ import enum
 import math
 from collections.abc import Mapping
 
+from kjax._fields import check_int, coerce_enum, is_real
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
-from kjax.rl._fields import check_int, coerce_enum, is_real
 
 
 class Objective(enum.Enum):
@@ -76,11 +76,16 @@ class KSchedule:
         return tuple(sorted({self(s) for s in range(self.steps + 1)}))
 
 
-# Estimators with an exact off-policy form (ESTIMATORS.md section 4).
-OFFPOLICY_ESTIMATORS = ("S", "LOO_MINUS_ONE", "L2O")
+# Estimators with an exact off-policy form (docs/estimators.md section 4). A set: format
+# it with offpolicy_estimator_names() for a stable order.
+OFFPOLICY_ESTIMATORS: frozenset[MaxAtKEstimator] = frozenset(
+    {MaxAtKEstimator.S, MaxAtKEstimator.LOO_MINUS_ONE, MaxAtKEstimator.L2O}
+)
 
-# Estimators that leave one sample out of a k-subset of the others: they need N > k.
-_NEEDS_N_ABOVE_K = ("LOO", "L2O")
+
+def offpolicy_estimator_names(sep: str = " / ") -> str:
+    """The names of OFFPOLICY_ESTIMATORS in MaxAtKEstimator's order, joined by sep."""
+    return sep.join(e.name for e in MaxAtKEstimator if e in OFFPOLICY_ESTIMATORS)
 
 
 def _mixture_weights(value) -> tuple[tuple[int, float], ...]:
@@ -190,10 +195,13 @@ class ObjectiveConfig:
                 )
             ks, field = self.mixture_ks(), "ObjectiveConfig.mixture_weights/maxrl_t"
         estimator = self.max_at_k_estimator
-        if self.objective is not Objective.MAJORITY_AT_K and estimator.name in _NEEDS_N_ABOVE_K:
-            if n <= max(ks):
+        if self.objective is not Objective.MAJORITY_AT_K:
+            # Estimators that leave one sample out of a k-subset of the others (LOO, L2O)
+            # need N > k; min_samples says so, and k > N is refused below for the rest.
+            need = estimator.min_samples(max(ks))
+            if n < need and need > max(ks):
                 raise ValueError(
-                    f"`{field}`: k={max(ks)} with {estimator.name} needs N >= {max(ks) + 1} "
+                    f"`{field}`: k={max(ks)} with {estimator.name} needs N >= {need} "
                     f"samples per prompt; got N={n}. Lower k or sample more."
                 )
         if max(ks) > n:

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import numbers
 
-from kjax.rl._fields import check_int, coerce_enums, is_real
+from kjax._fields import check_int, coerce_enums, is_real
 
 
 class PolicyLoss(enum.Enum):

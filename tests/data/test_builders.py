@@ -36,8 +36,12 @@ def test_countdown_builder_schema(data_dir):
     config = builders.CountdownConfig(name="tiny", train_size=10, test_size=5)
     source = loader.prepare(builders.KjaxCountdown, data_dir, config=config).as_data_source()
     row = loader.decode(source["test"][0])
-    assert set(row) == {"id", "numbers", "target"}
+    assert set(row) == {"id", "numbers", "target", "solution"}
     assert len(row["numbers"]) == 4 and all(isinstance(n, int) for n in row["numbers"])
+    from kjax.rewards import countdown
+
+    solution = countdown.parse(row["solution"])  # the stored solution reaches the target
+    assert solution.value == row["target"] and sorted(solution.numbers) == row["numbers"]
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,15 @@ def test_countdown_puzzles_are_solvable_deterministic_and_disjoint():
         assert p["target"] in reachable(p["numbers"])
 
 
+def test_countdown_solutions_reach_the_target_with_every_number_once():
+    from kjax.rewards import countdown
+
+    for p in synthetic.countdown_problems(COUNTDOWN, synthetic.Split.TRAIN, 0, 40):
+        expr = countdown.parse(p["solution"])  # the verifier's own parser, not eval
+        assert expr.value == p["target"], p
+        assert sorted(expr.numbers) == sorted(p["numbers"]), p
+
+
 def test_spec_validation():
     with pytest.raises(ValueError, match="operands >= 2"):
         synthetic.ArithSpec(operands=1)

@@ -24,7 +24,7 @@ from experiments import claims, harness, tuning
 from experiments.claims import Claim, ClaimKind, MetricKey
 from experiments.harness import Arm
 from experiments.provenance import git_commit, provenance
-from kjax.rl.config import EvalSplit, Objective, ObjectiveConfig, TaskConfig, TrainConfig
+from kjax.rl.config import ArithConfig, EvalSplit, Objective, ObjectiveConfig, TrainConfig
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
 # t-interval at exactly mean +- t_{0.975,4} sd / sqrt(5).
@@ -364,7 +364,7 @@ def _tuned_execute(table, arm, seed, run_dir, ctx):
 
 
 def _tuning_table(grid=(2.5e-4, 5e-4, 1e-3, 2e-3)):
-    base = TrainConfig(task=TaskConfig(validation_size=20))
+    base = TrainConfig(task=ArithConfig(validation_size=20))
     passk = lambda c: dataclasses.replace(c, objective=ObjectiveConfig(Objective.MAX_AT_K, k=8))  # noqa: E731
     return harness.Table(
         "tt",

@@ -37,6 +37,9 @@ def test_there_are_the_required_presets():
         "tiny_arith.py:majority",
         "smollm2_arith.py:passk",
         "llama31_8b_math.py:passk",
+        "llama31_8b_math.py:codecontests",
+        "tiny_countdown.py:maxk",
+        "tiny_countdown.py:passk",
     } <= names
 
 
@@ -226,11 +229,25 @@ def test_configs_without_a_correct_gradient_are_refused(flags, message, capsys):
 
 def test_operators_are_a_typed_tuple_on_the_command_line():
     base = ["--config=experiments/configs/tiny_arith.py:passk", "--workdir=w"]
-    for text in ("+-*", "add,sub,mul", "+,-,*"):
+    for text in ("add,sub,mul", "+,-,*", "ADD, -, mul"):
         cfg, _ = train.parse([*base, f"--config.task.operators={text}"])
         assert cfg.task.operators == (Operator.ADD, Operator.SUB, Operator.MUL)
     assert to_json(cfg)["task"]["operators"] == ["+", "-", "*"]
-    assert train.main([*base, "--config.task.operators=+/"]) == 2
+    for bad in ("+,/", "+-*", "add,add", ""):  # unknown, unseparated, repeated, empty
+        assert train.main([*base, f"--config.task.operators={bad}"]) == 2
+
+
+def test_task_kind_swaps_the_task_config_and_its_fields(capsys):
+    base = ["--config=experiments/configs/tiny_arith.py:passk", "--workdir=w"]
+    flags = ["--config.task.kind=countdown", "--config.task.count=4", "--config.task.reward=exact"]
+    cfg, _ = train.parse([*base, *flags])
+    assert type(cfg.task).__name__ == "Config" and cfg.task.kind == "countdown"
+    assert (cfg.task.count, cfg.task.reward.value) == (4, "exact")
+    assert to_json(cfg)["task"]["kind"] == "countdown"
+    assert train.main([*base, "--config.task.kind=countdown", "--config.task.digits=2"]) == 2
+    assert "task.digits" in capsys.readouterr().err  # arithmetic fields are not countdown's
+    assert train.main([*base, "--config.task.kind=sudoku"]) == 2
+    assert "arith, math, countdown" in capsys.readouterr().err
 
 
 def test_one_mesh_and_one_dtype_resolution():

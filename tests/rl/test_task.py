@@ -1,9 +1,17 @@
-"""Tasks: one implementation per TaskKind, and every verifier goes through a given pool."""
+"""Tasks: one module per kind in the registry, and every verifier goes through a given pool."""
 
 import numpy as np
 
-from kjax.rl.config import TaskKind
-from kjax.rl.task import TASKS, ArithTask, CharTokenizer, MathTask, decode, prompt_batch
+from kjax import tasks
+from kjax.rl.config import to_json
+from kjax.rl.task import decode, prompt_batch
+from kjax.tasks import arith, code, countdown, humaneval, math
+from kjax.tasks.arith import Arith
+from kjax.tasks.base import CharTokenizer
+from kjax.tasks.countdown import Countdown
+from kjax.tasks.math import Math
+
+ARITH_CHARS = CharTokenizer(arith.CHARS)
 
 
 class RecordingPool:
@@ -17,40 +25,46 @@ class RecordingPool:
         return [fn(item) for item in items]
 
 
-def _task(cls):
-    return cls(CharTokenizer(), [], [], 6, (CharTokenizer.eos_id,))
+def _task(cls, chars=ARITH_CHARS, **fields):
+    return cls(chars, [], [], 6, (CharTokenizer.eos_id,), **fields)
 
 
-def test_every_task_kind_has_one_implementation():
-    assert {kind: impl for kind, (impl, _) in TASKS.items()} == {
-        TaskKind.ARITH: ArithTask,
-        TaskKind.MATH: MathTask,
-    }
+def test_the_registry_is_the_list_of_task_modules():
+    modules = {m.Config.kind: m for m in (arith, math, countdown, code, humaneval)}
+    assert {k: tasks.module_of(k) for k in tasks.kinds()} == modules
+    for kind, module in modules.items():
+        assert tasks.config_class(kind)().kind == kind
+        assert tasks.config_from_json(to_json(module.Config())) == module.Config()
 
 
 def test_verifiers_use_the_pool_and_agree_without_it():
     cases = [
-        (ArithTask, [["12", "13", "x"], ["7", "", "07"]], [{"answer": 12}, {"answer": 7}]),
-        (MathTask, [["\\boxed{1/2}", "0.5", "\\boxed{3}"]], [{"answer": "\\frac{1}{2}"}]),
+        (_task(Arith), [["12", "13", "x"], ["7", "", "07"]], [{"answer": 12}, {"answer": 7}]),
+        (_task(Math), [["\\boxed{1/2}", "0.5", "\\boxed{3}"]], [{"answer": "\\frac{1}{2}"}]),
+        (
+            _task(Countdown, reward=countdown.Config().reward_shape()),
+            [["(3+5)*7", "3*5+7", "(3+5)*7-1"]],
+            [{"numbers": [3, 5, 7], "target": 56}],
+        ),
     ]
-    for cls, completions, examples in cases:
-        task, pool = _task(cls), RecordingPool()
+    for task, completions, examples in cases:
+        pool = RecordingPool()
         pooled = task.verify(completions, examples, pool)
         alone = task.verify(completions, examples)
-        assert pool.items == len(examples), cls.__name__  # the pool did the work
+        assert pool.items == len(examples), type(task).__name__  # the pool did the work
         np.testing.assert_array_equal(pooled.scores, alone.scores)
         np.testing.assert_array_equal(pooled.answer_ids, alone.answer_ids)
         assert pooled.scores[0, 0] == 1.0
 
 
 def test_prompts_left_pad_and_completions_decode():
-    task = _task(ArithTask)
+    task = _task(Arith)
     tokens, mask = prompt_batch(
         task, [{"question": "What is 1 + 2?"}, {"question": "What is 12 - 3?"}]
     )
     assert tokens.shape == (2, 6) and mask.sum(1).tolist() == [5, 6]
-    assert CharTokenizer().decode(tokens[0][mask[0]][1:]) == "1+2="
-    ids = np.asarray(CharTokenizer().encode("42") + [CharTokenizer.eos_id, 0])[None, None]
+    assert ARITH_CHARS.decode(tokens[0][mask[0]][1:]) == "1+2="
+    ids = np.asarray(ARITH_CHARS.encode("42") + [CharTokenizer.eos_id, 0])[None, None]
     assert decode(task, ids, np.ones(ids.shape, bool)) == [["42"]]
 
 
@@ -67,11 +81,11 @@ def test_pretrained_prompt_width_fits_the_longest_prompt_unless_configured(tmp_p
     import dataclasses
 
     from kjax.data import loader
-    from kjax.rl.config import ModelConfig, ModelKind, TaskConfig, TrainConfig
+    from kjax.rl.config import ArithConfig, ModelConfig, ModelKind, TrainConfig
     from kjax.rl.task import load_task
 
     model = ModelConfig(kind=ModelKind.PRETRAINED, name="smollm2-135m-instruct")
-    cfg = TrainConfig(model=model, task=TaskConfig(digits=2, train_size=60, test_size=10))
+    cfg = TrainConfig(model=model, task=ArithConfig(digits=2, train_size=60, test_size=10))
     tok = _WordTokenizer()
     task = load_task(cfg, tok, tmp_path / "data")
     train = [loader.decode(task.train[i]) for i in range(len(task.train))]
@@ -105,12 +119,12 @@ def test_validation_eval_needs_a_validation_split():
 
     import pytest
 
-    from kjax.rl.config import EvalConfig, TaskConfig, TrainConfig
+    from kjax.rl.config import ArithConfig, EvalConfig, TrainConfig
 
     cfg = TrainConfig(eval=EvalConfig(split="validation", problems=8))
     with pytest.raises(ValueError, match="eval.split.*validation_size"):
         cfg.validate(1)
-    ok = dataclasses.replace(cfg, task=TaskConfig(validation_size=100))
+    ok = dataclasses.replace(cfg, task=ArithConfig(validation_size=100))
     assert ok.validate(1) is ok
     with pytest.raises(ValueError, match="task.validation_size"):
-        dataclasses.replace(cfg, task=TaskConfig(train_size=50, validation_size=50)).validate(1)
+        ArithConfig(train_size=50, validation_size=50)

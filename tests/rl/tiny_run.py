@@ -7,6 +7,7 @@ A seconds-long tiny_arith run for the loop, resume and multi-host tests (no SFT)
 import dataclasses
 
 from kjax.rl.config import (
+    ArithConfig,
     CheckpointConfig,
     EvalConfig,
     ModelConfig,
@@ -16,7 +17,6 @@ from kjax.rl.config import (
     OptimizerConfig,
     SFTConfig,
     StepConfig,
-    TaskConfig,
     TrainConfig,
 )
 
@@ -32,7 +32,7 @@ TINY = TrainConfig(
     model=ModelConfig(
         hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
     ),
-    task=TaskConfig(
+    task=ArithConfig(
         digits=1, operands=2, operators=(Operator.ADD, Operator.SUB), train_size=150, test_size=8
     ),
     sft=SFTConfig(steps=0),

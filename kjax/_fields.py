@@ -1,4 +1,5 @@
-"""Field checks shared by the config groups (kjax.rl.config and the groups it re-exports)."""
+"""Field checks shared by the config groups (kjax.rl.config, the groups it re-exports, and
+the task configs of kjax.tasks)."""
 
 from __future__ import annotations
 
