@@ -11,7 +11,7 @@ Advantages ([B, N] -> [B, N], under stop_gradient):
 Related objectives of the seed papers live in `related`. Every function has a slow
 float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`; the
 off-policy one in `reference_offpolicy`).
-`k` is always a static Python int. The math: shared/design/ESTIMATORS.md.
+`k` is always a static Python int. The math: docs/estimators.md.
 """
 
 from kjax.objectives.advantages import (

@@ -3,7 +3,7 @@
 Ranks are 0-based after an ascending sort. e_a(<t) is the elementary symmetric
 polynomial of the ratios at ranks below t, and G_b(t) = sum_{j>t} r_j rho_j e_b(ranks
 strictly between t and j). Classifying each k-subset by its top-ranked member
-(ESTIMATORS.md section 4; `offpolicy` has the derivation):
+(docs/estimators.md section 4; `offpolicy` has the derivation):
 
   S:     C(N,k) A'_t = r_t e_{k-1}(<t) + sum_{a=0}^{k-2} e_a(<t) G_{k-2-a}(t)
   LOO-1: C(N,k) A'_t = sum_{j<t} rho_j e_{k-2}(<j) (r_t - r_j)

@@ -1,6 +1,6 @@
 """First-order (linearised) off-policy max@k weights on sorted rewards, O(N) per group.
 
-Each product of the OTHERS' ratios in ESTIMATORS.md section 4 is replaced by
+Each product of the OTHERS' ratios in docs/estimators.md section 4 is replaced by
 prod_{l in K} (1 + delta_l) ~ 1 + sum_{l in K} delta_l, so a sum over subsets K of size m
 drawn from a set of size M with total delta D is C(M, m) + C(M-1, m-1) D (each element
 lies in C(M-1, m-1) of them). Ranks are 0-based after an ascending sort and

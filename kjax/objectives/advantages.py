@@ -4,7 +4,7 @@ Convention. `mean_advantages` follows the peers (RLOO, GRPO, Dr.GRPO): the polic
 gradient is (1/N) sum_i A_i grad log pi(y_i). The k-sample estimators follow PKPO and
 Tang et al.: the gradient is sum_i A_i grad log pi(y_i), unbiased for grad J_k with
 J_k = E[max of k samples]. Binary pass@k is max@k on {0, 1} rewards. All outputs are
-[B, N] under stop_gradient. The math and its sources: shared/design/ESTIMATORS.md.
+[B, N] under stop_gradient. The math and its sources: docs/estimators.md.
 
 "Centred" means one thing throughout kjax: the advantage minus its own group mean
 (`CENTERED` here, `centered=True` in `majority`). What differs at k = 1 is the
@@ -33,7 +33,7 @@ class MeanBaseline(enum.Enum):
 
 
 class MaxAtKEstimator(enum.Enum):
-    """Estimators of grad max@k (pass@k on binary rewards); see ESTIMATORS.md section 2.
+    """Estimators of grad max@k (pass@k on binary rewards); see docs/estimators.md section 2.
 
     S, LOO, L2O and LOO_MINUS_ONE are unbiased. L2O and LOO_MINUS_ONE are the ones to
     use: shift-invariant, zero on an all-equal group, and equal to RLOO / N at k = 1.

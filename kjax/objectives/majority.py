@@ -1,7 +1,7 @@
 """Majority voting (maj@k): the unbiased metric and advantages from N >= k samples.
 
 Tang, Zheng, Synnaeve & Munos (2025), "Optimizing Language Models for Inference Time
-Objectives using Reinforcement Learning" (ICML 2025). Math and goldens: ESTIMATORS.md
+Objectives using Reinforcement Learning" (ICML 2025). Math and goldens: docs/estimators.md
 sections 1 and 3. Arrays are [B, N] (prompts, samples per prompt); `k` is a static int.
 
 Vote semantics: answer ids >= 0 are classes, negative ids (-1) abstain and do not vote;
@@ -184,7 +184,7 @@ def majority_at_k(answers, target, k: int) -> jnp.ndarray:
       k: static int, 1 <= k <= N, the number of votes at inference time.
 
     Returns:
-      [B] float in [0, 1]. Goldens (ESTIMATORS.md section 1): answers
+      [B] float in [0, 1]. Goldens (docs/estimators.md section 1): answers
       [0,0,0,1,1,1,2,2,-1], target 0 give k=1 0.333333, k=2 0.375, k=9 0.5.
 
     Cost per group: one sort, O(N log N), then a scan over the N class slots with a state

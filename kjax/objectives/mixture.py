@@ -1,7 +1,7 @@
 """Mixtures of max@k objectives over k, and MaxRL's truncated maximum likelihood.
 
 J = sum_k w_k J_k with w_k >= 0 has the unbiased advantage sum_k w_k A^(k) for any
-unbiased per-k estimator (ESTIMATORS.md section 2). MaxRL (Tajwar, Zeng et al. 2026)
+unbiased per-k estimator (docs/estimators.md section 2). MaxRL (Tajwar, Zeng et al. 2026)
 maximises J_T = -sum_{k<=T} (1-p)^k / k on binary rewards, whose gradient is
 sum_{k<=T} (1/k) grad pass@k: the mixture with w_k = 1/k (T -> infinity: grad log p).
 """

@@ -1,6 +1,6 @@
 """Off-policy max@k advantages (Bagirov et al. 2025, "The Best of N Worlds").
 
-The math (ESTIMATORS.md section 4). The N samples of a group come from pi_old and
+The math (docs/estimators.md section 4). The N samples of a group come from pi_old and
 rho_l = pi_theta(y_l) / pi_old(y_l) = exp(log_ratio_l). Each estimator of section 2
 written over k-subsets I becomes the importance-weighted subset average, whose gradient
 is sum_i rho_i grad log pi_theta(y_i) A'_i with
@@ -78,7 +78,8 @@ def max_at_k_offpolicy_advantages(
       [B, N] advantages under stop_gradient, in the rewards' dtype; equal to
       `max_at_k_advantages(rewards, k, estimator)` (to rounding) when log_ratio = 0.
 
-    References: Bagirov et al. 2025; Walder & Karkhanis 2025 (PKPO); ESTIMATORS.md s. 2, 4.
+    References: Bagirov et al. 2025; Walder & Karkhanis 2025 (PKPO); docs/estimators.md
+      sections 2 and 4.
     """
     rewards = check_group(rewards, "rewards", "float")
     log_ratio = check_group(log_ratio, "log_ratio", "float")

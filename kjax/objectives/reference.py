@@ -2,7 +2,7 @@
 
 Every estimator in kjax.objectives is tested against the function of the same name
 here (suffix `_ref`). Nothing here is clever: each definition is a line of the math in
-shared/design/ESTIMATORS.md. Inputs are numpy arrays [B, N]; use small N (<= 10).
+docs/estimators.md. Inputs are numpy arrays [B, N]; use small N (<= 10).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _group_max_advantages(row: np.ndarray, k: int, estimator: MaxAtKEstimator) -
 
 
 def max_at_k_advantages_ref(rewards, k: int, estimator: MaxAtKEstimator) -> np.ndarray:
-    """[B, N]: the estimators of ESTIMATORS.md section 2, by subset enumeration."""
+    """[B, N]: the estimators of docs/estimators.md section 2, by subset enumeration."""
     rewards = np.asarray(rewards, dtype=np.float64)
     return np.stack([_group_max_advantages(row, k, estimator) for row in rewards])
 

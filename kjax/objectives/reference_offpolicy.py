@@ -1,6 +1,6 @@
 """Slow float64 oracle for the off-policy max@k advantages: enumerate every k-subset.
 
-Each line is the definition in ESTIMATORS.md section 4, with no sorting, no recursions
+Each line is the definition in docs/estimators.md section 4, with no sorting, no recursions
 and no code shared with `kjax.objectives.offpolicy`. Inputs are numpy [B, N]; N <= 10.
 """
 

@@ -1,4 +1,4 @@
-"""Golden values from shared/design/ESTIMATORS.md (computed there by hand or closed form)."""
+"""Golden values quoted in docs/estimators.md (computed by hand or in closed form)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -1,6 +1,6 @@
-"""L2O and mixtures over k: the identities of ESTIMATORS.md section 2, float32 at N = 4096,
-CHEN_ANALYTIC under jit, exact zeros, and the errors. (Oracles: test_against_oracles;
-unbiasedness: test_unbiased.)"""
+"""L2O and mixtures over k: the identities of docs/estimators.md section 2, float32 at
+N = 4096, CHEN_ANALYTIC under jit, exact zeros, and the errors. (Oracles:
+test_against_oracles; unbiasedness: test_unbiased.)"""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Off-policy max@k advantages A'_i (ESTIMATORS.md section 4): oracle, on-policy limit,
+"""Off-policy max@k advantages A'_i (docs/estimators.md section 4): oracle, on-policy limit,
 exact unbiasedness under a behaviour policy, linearisation order, clamping, numerics.
 
 A'_i is the weight of sample i's own ratio: the gradient estimate is

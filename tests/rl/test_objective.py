@@ -33,7 +33,7 @@ route = jax.jit(compute_advantages, static_argnums=(0, 1))
 
 
 def vote(classes):
-    """maj@k outcome of one subset (ESTIMATORS.md section 1 semantics), target class 0."""
+    """maj@k outcome of one subset (docs/estimators.md section 1 semantics), target class 0."""
     counts = collections.Counter(c for c in classes if c >= 0)
     if not counts:
         return 0.0
