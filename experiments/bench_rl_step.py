@@ -39,10 +39,8 @@ from absl import app, flags
 
 from experiments import update_paths
 from experiments.configs import tiny_arith
-from kjax.data.loader import Position
-from kjax.rl import loop
-from kjax.rl.config import ModelConfig, Objective, ObjectiveConfig, SFTConfig, TaskConfig
-from kjax.rl.train_step import RLBatch
+from kjax.rl import api
+from kjax.rl.config import ArithConfig, ModelConfig, Objective, ObjectiveConfig, SFTConfig
 
 flags.DEFINE_list("shapes", ["tiny_arith"], "tiny_arith and/or smollm2.")
 flags.DEFINE_integer("steps", 5, "Timed RL steps per shape (after 2 warm-up steps).")
@@ -81,7 +79,7 @@ def config(shape: str, workdir: str):
             objective=ObjectiveConfig(Objective.MAX_AT_K, k=4),
             model=ModelConfig(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
                               intermediate_size=1536),
-            task=dataclasses.replace(TaskConfig(), max_prompt_tokens=64),
+            task=ArithConfig(max_prompt_tokens=64),
         )  # fmt: skip
     return cfg
 
@@ -89,25 +87,21 @@ def config(shape: str, workdir: str):
 def bench(shape: str) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         cfg = config(shape, workdir)
-        c, state = loop.build_components(cfg, workdir, log=lambda *a: None)
+        run = api.open_run(cfg, workdir)
         if shape == "smollm2":  # the real vocabulary size: random-token prompts, same shapes
-            c, state = _widen_vocab(c, 49152)
-        batches = loop.Batches(c.task.train, cfg.batch_prompts, cfg.seed, Position())
-        rows = []
-        for _ in range(2 + FLAGS.steps):
-            state, row = loop.rl_step(c, state, batches)
-            rows.append(row)
-        c.close()
+            run = _widen_vocab(run, 49152)
+        state, rows = api.rl_steps(run, run.state, 2 + FLAGS.steps)
+        run.close()
         timed = rows[2:]
         mean = {n: float(np.mean([r[f"time/{n}"] for r in timed]))
                 for n in ("sample", "verify", "advantages", "update", "step")}  # fmt: skip
-        flops = _update_flops(c, state, cfg)
-        tokens = cfg.batch_prompts * cfg.samples * (c.task.prompt_len + cfg.max_new_tokens)
+        flops = _update_flops(run, state)
+        tokens = cfg.batch_prompts * cfg.samples * (run.task.prompt_len + cfg.max_new_tokens)
         peak, source = peak_tflops()
         achieved = flops / mean["update"] / 1e12
         return {
             "shape": shape, "B": cfg.batch_prompts, "N": cfg.samples,
-            "S": c.task.prompt_len, "T": cfg.max_new_tokens,
+            "S": run.task.prompt_len, "T": cfg.max_new_tokens,
             "params": int(sum(x.size for x in jax.tree.leaves(state.params))),
             "seconds": mean, "update_tokens_per_s": tokens / mean["update"],
             "update_tflops": flops / 1e12, "achieved_tflops_per_s": achieved,
@@ -116,43 +110,22 @@ def bench(shape: str) -> dict:
         }  # fmt: skip
 
 
-def _widen_vocab(c, vocab: int):
+def _widen_vocab(run: api.Run, vocab: int) -> api.Run:
     """Re-initialises the bench model with a real-size vocabulary (the char tokenizer only
     uses its first ids, which keeps verification meaningful and shapes realistic)."""
-    import functools
-
     from flax import nnx
 
     from kjax import sharding
     from kjax.models import Llama
-    from kjax.rl.train_step import init_train_state, make_train_step, shardings_of
-    from kjax.sampling import sample_params
 
-    config = dataclasses.replace(c.model_config, vocab_size=vocab)
+    config = dataclasses.replace(run.model_config, vocab_size=vocab)
     make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(0)))  # noqa: E731
-    params = sharding.create_sharded(make, c.mesh).params()
-    state = init_train_state(params, c.optimizer, jax.random.key(0), c.mesh)
-    dtype = c.cfg.model.compute_dtype
-    step_fn = make_train_step(config, c.cfg.rl, c.optimizer, c.mesh, shardings_of(state),
-                              dtype=dtype)  # fmt: skip
-    sampler = functools.partial(sample_params, config=config, dtype=dtype,
-                                max_new_tokens=c.cfg.max_new_tokens,
-                                stop_ids=c.task.stop_ids)  # fmt: skip
-    return dataclasses.replace(c, model_config=config, step_fn=step_fn, sampler=sampler), state
+    return api.with_model(run, config, sharding.create_sharded(make, run.mesh).params())
 
 
-def _update_flops(c, state, cfg) -> float:
-    B, N, S, T = cfg.batch_prompts, cfg.samples, c.task.prompt_len, cfg.max_new_tokens
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=c.batch_sharding)  # noqa: E731
-    batch = RLBatch(
-        spec((B, S), jnp.int32), spec((B, S), bool), spec((B, N, T), jnp.int32),
-        spec((B, N, T), bool), spec((B, N, T), jnp.float32), spec((B, N), jnp.float32),
-        spec((B, N), jnp.float32),
-    )  # fmt: skip
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                         state)  # fmt: skip
-    compiled = c.step_fn.lower(state, batch, None, np.int32(cfg.objective.k)).compile()
-    cost = compiled.cost_analysis()
+def _update_flops(run: api.Run, state) -> float:
+    """FLOPs of one update (XLA's cost analysis of the compiled step at the run's shape)."""
+    cost = api.lower_update(run, state).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost.get("flops", 0.0))
 

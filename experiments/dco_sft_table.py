@@ -59,33 +59,29 @@ def execute(table, arm, seed, run_dir, ctx) -> dict:
     import optax
 
     from kjax.data import loader
-    from kjax.rl import sft
-    from kjax.rl.loop import rollout
-    from kjax.rl.train_step import init_train_state, shardings_of
+    from kjax.rl import api
 
     warm = harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
     cont = arm.make(warm).sft  # the continuation's loss; the warm start stays CE
-    handle, params = harness.open_run(warm, run_dir / "run")
-    task, mesh, mcfg = handle.task, handle.mesh, handle.model_config
+    run = api.open_run(warm, run_dir / "run")
+    task = run.task
     epochs, subset, batch, n_eval = (2, 16, 8, 16) if ctx.smoke else (EPOCHS, SUBSET, BATCH, N_EVAL)
     examples = [loader.decode(task.train[i]) for i in range(subset)]
     schedule = optax.warmup_constant_schedule(0.0, cont.learning_rate, 20)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
-    state = init_train_state(params, optimizer, jax.random.key(seed), mesh)
-    step = sft.make_sft_step(mcfg, cont, optimizer, mesh, shardings_of(state))
+    state, step = api.sft_trainer(run, cont, optimizer, seed)
     key = jax.random.fold_in(jax.random.key(seed), 7919)  # one eval key: every arm, epoch
 
     def evaluate(p):
-        return pass_at(rollout(handle, p, task.test, key, n_eval, 1.0).verdicts, KS)
+        return pass_at(api.sample_verdicts(run, p, task.test, key, n_eval, 1.0), KS)
 
     out = {f"epoch0/{k}": v for k, v in evaluate(state.params).items()}
     rng = np.random.default_rng(seed)
-    length = task.prompt_len + warm.max_new_tokens
     for epoch in range(1, epochs + 1):
         order = rng.permutation(subset)
         for b in range(subset // batch):
             chunk = [examples[i] for i in order[b * batch : (b + 1) * batch]]
-            state, metrics = step(state, *sft.sequences(task, chunk, length))
+            state, metrics = step(state, chunk)
         loss = float(jax.device_get(metrics["loss"]))
         if not np.isfinite(loss):
             raise FloatingPointError(f"SFT loss {loss} at epoch {epoch}")

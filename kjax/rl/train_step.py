@@ -1,14 +1,17 @@
 """The RL update as one sharded jax.jit: epochs x minibatches optimizer updates of a rollout.
 
-`make_train_step` returns step(state, batch, ref_params, k) -> (state, metrics). The state
-is donated; B is sharded over the mesh's batch axes and N never is. Token log-probs come
-from kjax.rl.forward. Advantages arrive with the batch (computed once per rollout); the
+`loss_fn(params, batch, cfg, model_config, ...)` is the loss every update differentiates, a
+pure function of one (micro)batch. `make_train_step` builds the jitted update from it and
+returns step(state, batch, ref_params, k) -> (state, metrics); the state is donated, B is
+sharded over the mesh's batch axes and N never is. Token log-probs come from
+kjax.rl.forward. Advantages arrive with the batch (computed once per rollout); the
 step's first update is on-policy, later ones use the PPO surrogate with each sample's ratio
 against the step's starting policy, optionally re-weighted by a function the caller passes.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -29,6 +32,7 @@ __all__ = [
     "StepConfig",
     "TrainState",
     "init_train_state",
+    "loss_fn",
     "make_train_step",
     "shardings_of",
 ]
@@ -81,6 +85,143 @@ def _merge(x, batch_sh):
     return jax.lax.with_sharding_constraint(y, batch_sh)
 
 
+def loss_fn(
+    params,
+    batch: RLBatch,
+    cfg: StepConfig,
+    model_config: LlamaConfig,
+    *,
+    old_logprobs: jax.Array | None = None,
+    ref_logprobs: jax.Array | None = None,
+    k: jax.Array | int | None = None,
+    first: jax.Array | bool = True,
+    reweight: Reweight | None = None,
+    dtype=jnp.float32,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The loss of one (micro)batch, differentiated by every update of make_train_step.
+
+    A pure function of its arrays; cfg, model_config, reweight, dtype and temperature are
+    static (hashable), so `jax.jit(loss_fn, static_argnames=(...))` or a functools.partial
+    binding them is jit-friendly:
+
+      loss = surrogate(logp, A) + kl_coef * KL(logp, ref_logprobs) + entropy_coef * (-H)
+
+    each term reduced over T by cfg.aggregation (T_max = T), summed over N and averaged
+    over B (kjax.rl.losses). logp [B,N,T] = log softmax(logits / temperature) of `tokens`
+    under `params` (kjax.rl.forward.completion_logprobs). surrogate is PG's
+    -(1/B) sum_{b,i} A_bi agg_t(w_bit logp_bit) or PPO's clipped ratio against
+    old_logprobs (cfg.ratio_level, ppo_epsilon, dual_clip); w are truncated importance
+    weights of old_logprobs against batch.sampler_logprobs when cfg.tis_cap is set (else
+    1). A = batch.advantages when `first` (or without `reweight`), else
+    reweight(scores, log_ratio, k) with log_ratio [B,N] the stop-gradient sequence
+    log-ratio of logp against old_logprobs.
+
+    Args:
+      params: the policy's params (kjax.models.llama layout); the only differentiated input.
+      batch: RLBatch: prompts/prompt_mask [B,S], tokens/mask/sampler_logprobs [B,N,T],
+        scores/advantages [B,N] (advantages in the sum convention).
+      cfg: StepConfig (loss, aggregation, PPO/TIS/KL/entropy options; the split options
+        epochs/minibatches/microbatches are make_train_step's, not read here).
+      model_config: the policy's LlamaConfig.
+      old_logprobs: [B,N,T] float32 log-probs of the step's starting policy (constants);
+        required when cfg.needs_old_logprobs (PPO or TIS), else ignored.
+      ref_logprobs: [B,N,T] float32 log-probs of the KL reference (constants); required
+        when cfg.kl_coef > 0, else ignored.
+      k: [] int32, read only by `reweight`.
+      first: [] bool (may be traced): the update is the step's first, whose advantages
+        are the batch's; only read with `reweight`.
+      reweight: the off-policy max@k re-weighting (see make_train_step), or None.
+      dtype: the model's compute dtype.
+      temperature: static float > 0, the rollouts' sampling temperature.
+
+    Returns:
+      (loss [] float32, metrics: dict of [] float32, the losses' metrics plus "loss").
+    """
+    if cfg.needs_old_logprobs and old_logprobs is None:
+        raise ValueError(
+            f"loss_fn: rl.loss={cfg.loss.name} / rl.tis_cap={cfg.tis_cap!r} needs "
+            "old_logprobs [B,N,T] (the step's starting policy)."
+        )
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("loss_fn: rl.kl_coef > 0 needs ref_logprobs [B,N,T].")
+    if reweight is not None and (k is None or old_logprobs is None):
+        raise ValueError("loss_fn: `reweight` needs k and old_logprobs.")
+    agg = dict(aggregation=cfg.aggregation, max_len=batch.tokens.shape[-1])
+    stats = forward.completion_logprobs(
+        params,
+        model_config,
+        batch.prompts,
+        batch.prompt_mask,
+        batch.tokens,
+        dtype=dtype,
+        with_entropy=cfg.entropy_coef > 0,
+        temperature=float(temperature),
+    )
+    logp, metrics = stats.logprobs, {}
+    is_w = None
+    if cfg.tis_cap is not None:
+        is_w, metrics = losses.truncated_importance_weights(
+            old_logprobs, batch.sampler_logprobs, batch.mask, cfg.tis_cap, cfg.ratio_level
+        )
+    adv = batch.advantages
+    if reweight is not None:  # later updates: the policy has moved since sampling
+        log_ratio = jax.lax.stop_gradient(
+            losses.sequence_logprob(logp, batch.mask)
+            - losses.sequence_logprob(old_logprobs, batch.mask)
+        )
+        adv = jnp.where(first, adv, reweight(batch.scores, log_ratio, k).astype(adv.dtype))
+    if cfg.loss is PolicyLoss.PPO:
+        loss, m = losses.ppo_clip_loss(
+            logp,
+            old_logprobs,
+            adv,
+            batch.mask,
+            **agg,
+            epsilon=cfg.ppo_epsilon,
+            dual_clip=cfg.dual_clip,
+            is_weights=is_w,
+            ratio_level=cfg.ratio_level,
+        )
+    else:
+        loss, m = losses.policy_gradient_loss(logp, adv, batch.mask, **agg, is_weights=is_w)
+    metrics.update(m)
+    if cfg.kl_coef > 0:
+        kl, m = losses.kl_penalty_loss(logp, ref_logprobs, batch.mask, cfg.kl_estimator, **agg)
+        loss, metrics = loss + cfg.kl_coef * kl, {**metrics, **m}
+    if cfg.entropy_coef > 0:
+        ent, m = losses.entropy_loss(stats.entropy, batch.mask, **agg)
+        loss, metrics = loss + cfg.entropy_coef * ent, {**metrics, **m}
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def _check_temperature(temperature) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"`temperature` must be a static float > 0; got {temperature!r}.")
+    if not temperature > 0:
+        raise ValueError(
+            f"`temperature` must be > 0 (the sampling temperature); got {temperature}."
+        )
+    return float(temperature)
+
+
+def _accumulated_grads(grad_fn, params, minibatch, microbatches: int, split_spec):
+    """(grads averaged over the minibatch's microbatches, per-microbatch metrics [M, ...]).
+
+    grad_fn(params, micro) -> (grads, metrics), micro one of the minibatch's microbatches
+    (the minibatch pytree split by _split)."""
+
+    def accumulate(grads_sum, micro):
+        grads, metrics = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, grads_sum, grads), metrics
+
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    micros = _split(minibatch, microbatches, split_spec)
+    grads, metrics = jax.lax.scan(accumulate, zero_grads, micros)
+    return jax.tree.map(lambda g: g / microbatches, grads), metrics
+
+
 def make_train_step(
     model_config: LlamaConfig,
     cfg: StepConfig,
@@ -112,9 +253,12 @@ def make_train_step(
     minibatches * microbatches * batch devices), ref_params (frozen reference params,
     or None when cfg.kl_coef == 0) and k ([] int32, traced: only `reweight` reads it, so
     a k schedule compiles the step once). Update u (epoch e, minibatch m) minimises
+    `loss_fn` (its docstring has the formula) with first = (u == 0):
       loss_u = surrogate(logp, A_u) + kl_coef * KL + entropy_coef * (-H)
     where A_0 = batch advantages and, with reweight, A_u = reweight(scores, log_ratio, k)
-    for u > 0. Metrics: scalar means over updates, plus `finite`.
+    for u > 0; its gradient is the mean of loss_fn's over the minibatch's microbatches,
+    and old / reference log-probs are computed once per step, before the first update.
+    Metrics: scalar means over updates, plus `finite`.
     """
     if (reweight is None) != (cfg.offpolicy_max_at_k is OffPolicyMaxAtK.OFF):
         raise ValueError(
@@ -127,70 +271,32 @@ def make_train_step(
     split_spec = NamedSharding(mesh, P(None, batch_axes))
     replicated = NamedSharding(mesh, P())
     chunks = cfg.minibatches * cfg.microbatches
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"`temperature` must be a static float > 0; got {temperature!r}.")
-    if not temperature > 0:
-        raise ValueError(
-            f"`temperature` must be > 0 (the sampling temperature); got {temperature}."
-        )
-
-    def token_stats(params, mb, with_entropy=False) -> forward.TokenStats:
-        return forward.completion_logprobs(
-            params,
-            model_config,
-            mb.prompts,
-            mb.prompt_mask,
-            mb.tokens,
-            dtype=dtype,
-            with_entropy=with_entropy,
-            temperature=float(temperature),
-        )
+    temperature = _check_temperature(temperature)
+    step_loss = functools.partial(
+        loss_fn,
+        cfg=cfg,
+        model_config=model_config,
+        reweight=reweight,
+        dtype=dtype,
+        temperature=temperature,
+    )
 
     def frozen_logprobs(params, batch):
         """[B,N,T] log-probs under params held fixed, chunked like the updates."""
-        out = jax.lax.map(
-            lambda b: token_stats(params, b).logprobs, _split(batch, chunks, split_spec)
-        )
-        return jax.lax.stop_gradient(_merge(out, batch_sh))
 
-    def loss_fn(params, mb: RLBatch, old_lp, ref_lp, k, first):
-        agg = dict(aggregation=cfg.aggregation, max_len=mb.tokens.shape[-1])
-        stats = token_stats(params, mb, with_entropy=cfg.entropy_coef > 0)
-        logp, metrics = stats.logprobs, {}
-        is_w = None
-        if cfg.tis_cap is not None:
-            is_w, metrics = losses.truncated_importance_weights(
-                old_lp, mb.sampler_logprobs, mb.mask, cfg.tis_cap, cfg.ratio_level
-            )
-        adv = mb.advantages
-        if reweight is not None:  # later updates: the policy has moved since sampling
-            log_ratio = jax.lax.stop_gradient(
-                losses.sequence_logprob(logp, mb.mask) - losses.sequence_logprob(old_lp, mb.mask)
-            )
-            adv = jnp.where(first, adv, reweight(mb.scores, log_ratio, k).astype(adv.dtype))
-        if cfg.loss is PolicyLoss.PPO:
-            loss, m = losses.ppo_clip_loss(
-                logp,
-                old_lp,
-                adv,
-                mb.mask,
-                **agg,
-                epsilon=cfg.ppo_epsilon,
-                dual_clip=cfg.dual_clip,
-                is_weights=is_w,
-                ratio_level=cfg.ratio_level,
-            )
-        else:
-            loss, m = losses.policy_gradient_loss(logp, adv, mb.mask, **agg, is_weights=is_w)
-        metrics.update(m)
-        if cfg.kl_coef > 0:
-            kl, m = losses.kl_penalty_loss(logp, ref_lp, mb.mask, cfg.kl_estimator, **agg)
-            loss, metrics = loss + cfg.kl_coef * kl, {**metrics, **m}
-        if cfg.entropy_coef > 0:
-            ent, m = losses.entropy_loss(stats.entropy, mb.mask, **agg)
-            loss, metrics = loss + cfg.entropy_coef * ent, {**metrics, **m}
-        metrics["loss"] = loss
-        return loss, metrics
+        def chunk_logprobs(b):
+            return forward.completion_logprobs(
+                params,
+                model_config,
+                b.prompts,
+                b.prompt_mask,
+                b.tokens,
+                dtype=dtype,
+                temperature=temperature,
+            ).logprobs
+
+        out = jax.lax.map(chunk_logprobs, _split(batch, chunks, split_spec))
+        return jax.lax.stop_gradient(_merge(out, batch_sh))
 
     def step(state: TrainState, batch: RLBatch, ref_params, k):
         B = batch.prompts.shape[0]
@@ -202,30 +308,26 @@ def make_train_step(
         old = frozen_logprobs(state.params, batch) if cfg.needs_old_logprobs else zeros
         ref = frozen_logprobs(ref_params, batch) if cfg.kl_coef > 0 else zeros
         minis = _split((batch, old, ref), cfg.minibatches, split_spec)
-        grad_fn = jax.grad(loss_fn, has_aux=True)
 
-        def update(carry, minibatch, first):
-            """One optimizer update, gradients averaged over the minibatch's microbatches."""
-            params, opt_state = carry
+        def update(carry, xs):
+            """One optimizer update on minibatch m of epoch e."""
+            (params, opt_state), (minibatch, first) = carry, xs
 
-            def accumulate(grads_sum, micro):
-                grads, metrics = grad_fn(params, *micro, k, first)
-                return jax.tree.map(jnp.add, grads_sum, grads), metrics
+            def micro_loss(p, micro):
+                mb, old_lp, ref_lp = micro
+                return step_loss(p, mb, old_logprobs=old_lp, ref_logprobs=ref_lp, k=k, first=first)
 
-            zero_grads = jax.tree.map(jnp.zeros_like, params)
-            micros = _split(minibatch, cfg.microbatches, split_spec)
-            grads, metrics = jax.lax.scan(accumulate, zero_grads, micros)
-            grads = jax.tree.map(lambda g: g / cfg.microbatches, grads)
+            grad_fn = jax.grad(micro_loss, has_aux=True)
+            grads, metrics = _accumulated_grads(
+                grad_fn, params, minibatch, cfg.microbatches, split_spec
+            )
             updates, opt_state = optimizer.update(grads, opt_state, params)
             metrics = {**jax.tree.map(jnp.mean, metrics), "grad_norm": optax.tree.norm(grads)}
             return (optax.apply_updates(params, updates), opt_state), metrics
 
         def epoch(carry, e):
-            def one(c, xs):
-                minibatch, m = xs
-                return update(c, minibatch, (e == 0) & (m == 0))
-
-            return jax.lax.scan(one, carry, (minis, jnp.arange(cfg.minibatches)))
+            firsts = (e == 0) & (jnp.arange(cfg.minibatches) == 0)
+            return jax.lax.scan(update, carry, (minis, firsts))
 
         carry = (state.params, state.opt_state)
         carry, metrics = jax.lax.scan(epoch, carry, jnp.arange(cfg.epochs))
