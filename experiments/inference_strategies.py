@@ -41,6 +41,7 @@ from kjax.rl.config import (
     CountdownConfig,
     EvalConfig,
     ModelConfig,
+    ModelKind,
     TrainConfig,
     to_json,
 )
@@ -74,10 +75,11 @@ class Policy:
     vocab_size: int
 
 
-def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
+def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> Policy:
     """The one place that knows the trainer's layout: experiment.json (to_json of the
     TrainConfig), checkpoints/ holding a TrainState, the dataset under data/, and
-    kjax.rl.components.build_model for the architecture and tokenizer."""
+    kjax.rl.components.build_model for the architecture and tokenizer. task: a task config
+    to evaluate on instead of the run's own (a TINY model only reads its own characters)."""
     from kjax.rl.components import build_model
 
     run_dir = pathlib.Path(run_dir)
@@ -106,6 +108,16 @@ def load_policy(run_dir, *, problems: int, restore: bool = True) -> Policy:
                 raise FileNotFoundError(f"--checkpoint: no checkpoint in {run_dir}/checkpoints.")
             state, _ = ckpt.restore(None)  # the saved tree as is: only params are needed
         params = jax.device_put(state["params"], jax.devices()[0])
+    if task is not None and task != cfg.task:
+        if cfg.model.kind is ModelKind.TINY and task_lib.tiny_tokenizer(
+            dataclasses.replace(cfg, task=task)
+        ) != tokenizer:
+            raise ValueError(
+                f"the run's character model reads {cfg.task.kind}'s characters, not "
+                f"{task.kind}'s; evaluate it on {cfg.task.kind} or use a run trained on "
+                f"{task.kind}."
+            )
+        cfg = dataclasses.replace(cfg, task=task)
     task = task_lib.load_task(cfg, tokenizer, run_dir / "data")
     vocab = min(getattr(task.tokenizer, "vocab_size", None) or 1 << 62, model_config.vocab_size)
     return Policy(cfg, model_config, params, task, vocab)

@@ -18,10 +18,10 @@ import dataclasses
 import importlib
 import types
 
-from kjax.tasks import arith, code, countdown, humaneval, math
+from kjax.tasks import arith, code, countdown, humaneval, livebench, math
 from kjax.tasks.base import TaskConfig
 
-BUILTIN = (arith, math, countdown, code, humaneval)
+BUILTIN = (arith, math, countdown, code, humaneval, livebench)
 _REQUIRED = ("Config", "load", "tiny_tokenizer")
 _REGISTRY: dict[str, types.ModuleType] = {}
 

@@ -5,7 +5,7 @@ import numpy as np
 from kjax import tasks
 from kjax.rl.config import to_json
 from kjax.rl.task import decode, prompt_batch
-from kjax.tasks import arith, code, countdown, humaneval, math
+from kjax.tasks import arith, code, countdown, humaneval, livebench, math
 from kjax.tasks.arith import Arith
 from kjax.tasks.base import CharTokenizer
 from kjax.tasks.countdown import Countdown
@@ -30,8 +30,9 @@ def _task(cls, chars=ARITH_CHARS, **fields):
 
 
 def test_the_registry_is_the_list_of_task_modules():
-    modules = {m.Config.kind: m for m in (arith, math, countdown, code, humaneval)}
-    assert {k: tasks.module_of(k) for k in tasks.kinds()} == modules
+    modules = {m.Config.kind: m for m in (arith, math, countdown, code, humaneval, livebench)}
+    assert {m.Config.kind: m for m in tasks.BUILTIN} == modules
+    assert {k: tasks.module_of(k) for k in modules} == modules
     for kind, module in modules.items():
         assert tasks.config_class(kind)().kind == kind
         assert tasks.config_from_json(to_json(module.Config())) == module.Config()
