@@ -7,6 +7,7 @@ import pathlib
 import textwrap
 
 import numpy as np
+import pytest
 
 from kjax.rl.config import (
     CodeConfig,
@@ -208,3 +209,20 @@ def test_a_task_is_one_module_outside_kjax(tmp_path, monkeypatch):
         "max_prompt_tokens": 0,
         "validation_size": 0,
     }
+
+
+# SmolLM2-135M on HumanEval through the sandbox pool: minutes on 2 CPU cores (BUILD.md has
+# the measured split), so `slow`; the tiny-model code run above stays in the default tier.
+@pytest.mark.slow
+def test_smollm2_trains_on_humaneval_through_the_sandbox_pool(tmp_path):
+    require_bwrap()
+    from experiments.configs import smollm2_humaneval
+
+    cfg = smollm2_humaneval.get_config("smoke")
+    train_and_evaluate(cfg, tmp_path / "run", progress=False)
+    steps = [r for r in _rows(tmp_path / "run") if r.get("step", 0) > 0]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["finite"] for r in steps)
+    for r in steps:  # every program is tallied by outcome
+        outcomes = ("all_passed", "some_failed", "unreported", "lost")
+        assert sum(r[f"verify/{o}"] for o in outcomes) == 16 * r["sample_batches"]
+        print({n: round(r[f"time/{n}"], 2) for n in ("sample", "verify", "update", "step")})
