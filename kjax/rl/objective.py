@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from kjax import objectives
 from kjax.objectives import MaxAtKEstimator
+from kjax.objectives.bon_distill import bon_distill_advantages
 from kjax.rl.objective_config import (
     OFFPOLICY_ESTIMATORS,
     KSchedule,
@@ -54,6 +55,13 @@ def compute_advantages(
     MAJORITY_AT_K: majority_at_k_advantages(answer_ids, target, k, centered).
     MAX_AT_K_MIXTURE: max_at_k_mixture_advantages(scores, weights, estimator) for
       sum_k w_k max@k (weights from cfg.mixture_weights, or maxrl_weights(cfg.maxrl_t)).
+    BON_DISTILL: bon_distill_advantages(scores, n=k), already in the sum convention: the
+      best-of-k transformed reward with the group's other samples as the anchor (the
+      current policy, BOND's moving anchor) and a leave-two-out baseline. The KL half of
+      the objective is the trainer's penalty to the warm start (rl.kl_coef > 0 with
+      rl.kl_estimator=K2, whose gradient is that of KL(pi || ref)); with this moving
+      anchor, coefficient k targets best-of-k of the warm start (docs/estimators.md
+      section 8).
 
     Args:
       cfg: ObjectiveConfig (hashable: pass it as a static argument under jit).
@@ -83,6 +91,8 @@ def compute_advantages(
         if cfg.max_at_k_estimator is MaxAtKEstimator.CHEN_ANALYTIC:
             return adv / n
         return adv
+    if cfg.objective is Objective.BON_DISTILL:
+        return bon_distill_advantages(scores, k)
     if cfg.objective is Objective.MAX_AT_K_MIXTURE:
         weights = (
             objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
@@ -145,10 +155,13 @@ def offpolicy_reweighter(
 
 
 def _weights(cfg: ObjectiveConfig, k: int) -> dict[int, float]:
-    """{k: weight} of the max@k terms the objective sums (MEAN: max@1; MAJORITY: maj@k)."""
+    """{k: weight} of the max@k terms the objective sums (MEAN: max@1; MAJORITY: maj@k;
+    BON_DISTILL: max@1, the quality of one sample, which distillation raises toward the
+    warm start's best-of-k)."""
     if cfg.objective is Objective.MAX_AT_K_MIXTURE:
         return objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
-    return {1 if cfg.objective is Objective.MEAN else k: 1.0}
+    one = cfg.objective in (Objective.MEAN, Objective.BON_DISTILL)
+    return {1 if one else k: 1.0}
 
 
 def objective_ks(cfg: ObjectiveConfig, k: int | None = None) -> tuple[int, ...]:
@@ -160,7 +173,10 @@ def objective_value(cfg: ObjectiveConfig, k: int | None, scores, answer_ids=None
     """The held-out value of the objective cfg trains for, a float: the mean over problems
     of kjax's unbiased estimate from the N samples of each (scores [B, N]; answer_ids
     [B, N] and target [B] for MAJORITY_AT_K). MEAN: the mean reward (max@1); MAX_AT_K: max@k
-    (pass@k on binary rewards); MAJORITY_AT_K: maj@k; MAX_AT_K_MIXTURE: sum_k w_k max@k.
+    (pass@k on binary rewards); MAJORITY_AT_K: maj@k; MAX_AT_K_MIXTURE: sum_k w_k max@k;
+    BON_DISTILL: the mean reward (its own E[R] measures nothing against a moving anchor:
+    with continuous rewards, E[(k - 1) log F(r)] = -(k - 1) for any policy whose own CDF
+    is F).
     k: the k to score at (None: cfg.k). Raises when N cannot serve a k of the objective.
     """
     scores = jnp.asarray(scores)

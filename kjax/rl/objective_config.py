@@ -15,13 +15,17 @@ from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 
 
 class Objective(enum.Enum):
-    """What J is: E[r] (MEAN), E[max of k rewards] (MAX_AT_K; pass@k on {0,1}), maj@k, or
-    sum_k w_k max@k (MAX_AT_K_MIXTURE; MaxRL's truncated likelihood with w_k = 1/k)."""
+    """What J is: E[r] (MEAN), E[max of k rewards] (MAX_AT_K; pass@k on {0,1}), maj@k,
+    sum_k w_k max@k (MAX_AT_K_MIXTURE; MaxRL's truncated likelihood with w_k = 1/k), or
+    best-of-k distillation (BON_DISTILL: E[log(w_k / k)] of the best-of-k weight against
+    the group's other samples, vBoN / BOND; its KL half is rl.kl_coef, see
+    docs/estimators.md section 8)."""
 
     MEAN = "mean"
     MAX_AT_K = "max_at_k"
     MAJORITY_AT_K = "majority_at_k"
     MAX_AT_K_MIXTURE = "max_at_k_mixture"
+    BON_DISTILL = "bon_distill"
 
 
 class KScheduleKind(enum.Enum):
@@ -113,6 +117,11 @@ class ObjectiveConfig:
     """The objective and its estimator; validated on construction (fields named in errors).
 
     k: the objective's k (1 for MEAN and MAX_AT_K_MIXTURE); a KSchedule may override it.
+      For BON_DISTILL, k is the n of the best-of-n distribution being distilled (>= 2; it
+      may exceed N). It is k rather than a field of its own because k is kjax's
+      inference-time budget, which is what best-of-n spends, a KSchedule can then grow
+      it, and a new field would change every run's identity (kjax.rl.config.to_json),
+      so that existing workdirs would refuse to resume.
     mean_baseline: MEAN's baseline (RLOO unbiased; GROUP_MEAN Dr.GRPO; GROUP_ZSCORE GRPO).
     max_at_k_estimator: the estimator of MAX_AT_K and of each k of MAX_AT_K_MIXTURE
       (LOO_MINUS_ONE recommended; see kjax.objectives.MaxAtKEstimator for which are biased).
@@ -164,6 +173,12 @@ class ObjectiveConfig:
                 "`ObjectiveConfig.mixture_weights` / `maxrl_t` are only read by "
                 f"MAX_AT_K_MIXTURE; objective is {self.objective.name}. Unset them."
             )
+        if self.objective is Objective.BON_DISTILL and self.k < 2:
+            raise ValueError(
+                f"`ObjectiveConfig.k`={self.k} but objective BON_DISTILL distils best-of-k "
+                "(the n of vBoN / BOND), and best-of-1 is the policy itself; set k >= 2, "
+                "e.g. k=8."
+            )
         if not isinstance(self.majority_centered, bool):
             raise ValueError(
                 "`ObjectiveConfig.majority_centered` must be a bool; got "
@@ -186,6 +201,16 @@ class ObjectiveConfig:
                 raise ValueError(f"`{field}` must be 1 for objective MEAN; got k in {ks}.")
             if self.mean_baseline is MeanBaseline.RLOO and n < 2:
                 raise ValueError("`ObjectiveConfig.mean_baseline`=RLOO needs N >= 2 samples.")
+            return
+        if self.objective is Objective.BON_DISTILL:
+            # k is best-of-k's n, a target rather than a subset size: k > N is fine.
+            if min(ks) < 2:
+                raise ValueError(f"`{field}`: BON_DISTILL needs k >= 2 (best-of-k); got k in {ks}.")
+            if n < 3:
+                raise ValueError(
+                    f"`N (samples per prompt)`={n}: BON_DISTILL's anchors are the group's other "
+                    "samples and its baseline leaves two out, so it needs N >= 3."
+                )
             return
         if self.objective is Objective.MAX_AT_K_MIXTURE:
             if schedule is not None:
