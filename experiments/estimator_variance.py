@@ -9,6 +9,14 @@ mean and the exact gradient (quadrature). The MAXRL rows are the mixture
 sum_{j<=T} (1/j) max@j (MaxRL's weights, T = k) with a per-j estimator; they target
 sum_{j<=T} J_j' / j instead. Writes variance.md, variance.png, signal_density.png
 (Tang et al.'s k p (1-p)^(k-1)) and results.json to --workdir.
+
+--extended adds rows that README's table does not have (docs/estimators.md sections 2.11,
+2.12): SHRINK_B<b>[E], max@k with E's leave-one-out baseline shrunk toward the other
+prompts of a batch of b groups (the toy has one prompt, so the b groups share it: no
+spread between prompts, so the shrinkage factor is large); MEAN[RLOO] and
+MEAN_B<b>[SHRINKAGE], the k = 1 baselines (target J_1'); MAXRL_PRACTICAL, MaxRL's
+per-group (r - mean) / mean / N, which on these continuous rewards targets no max@k
+mixture (it is a ratio estimate near grad log J_1, printed for comparison).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from tqdm import tqdm
 from kjax import objectives as obj
 
 E = obj.MaxAtKEstimator
+M = obj.MeanBaseline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +53,15 @@ class Config:
     estimators: tuple[E, ...] = (E.S, E.LOO, E.L2O, E.LOO_MINUS_ONE, E.CENTERED)
     # Per-j estimators of the MaxRL mixture sum_{j<=k} (1/j) max@j (one row each).
     maxrl_estimators: tuple[E, ...] = (E.LOO_MINUS_ONE, E.L2O)
+    # Opt-in rows (--extended; none by default, so README's table is the default output).
+    shrinkage_estimators: tuple[E, ...] = ()  # max@k, baseline shrunk over a batch
+    mean_baselines: tuple[M, ...] = ()  # k = 1 rows, in the sum convention
+    maxrl_practical: bool = False  # (r - mean) / mean / N
+    shrinkage_batch: int = 8  # groups per batch for the SHRINK and SHRINKAGE rows
+
+    def batched(self) -> bool:
+        """Whether some row shrinks over a batch (so trials split into batches)."""
+        return bool(self.shrinkage_estimators) or M.SHRINKAGE in self.mean_baselines
 
     def validate(self) -> None:
         if not self.sigma > 0:
@@ -56,6 +74,11 @@ class Config:
             raise ValueError(
                 f"--group_sizes must all be >= k={self.k} (no unbiased estimate from fewer "
                 f"samples); got {list(self.group_sizes)}."
+            )
+        if self.batched() and (self.shrinkage_batch < 3 or self.trials % self.shrinkage_batch):
+            raise ValueError(
+                f"--shrinkage_batch must be >= 3 (fewer leaves no spread to shrink over) and "
+                f"divide --trials={self.trials}; got {self.shrinkage_batch}."
             )
 
 
@@ -100,11 +123,39 @@ def row_specs(config: Config) -> list[tuple[str, object, int]]:
     for e in config.maxrl_estimators:
         fn = functools.partial(obj.max_at_k_mixture_advantages, weights=weights, estimator=e)
         rows.append((maxrl_name(k, e), fn, e.min_samples(k)))
+    b = config.shrinkage_batch
+    for e in config.shrinkage_estimators:
+        fn = in_batches(functools.partial(obj.shrink_max_at_k_advantages, k=k, estimator=e), b)
+        rows.append((f"SHRINK_B{b}[{e.name}]", fn, max(e.min_samples(k), 2)))
+    for base in config.mean_baselines:
+        fn = functools.partial(_sum_convention, obj.mean_advantages, baseline=base)
+        if base is M.SHRINKAGE:
+            rows.append((f"MEAN_B{b}[{base.name}]", in_batches(fn, b), 2))
+        else:
+            rows.append((f"MEAN[{base.name}]", fn, 2))
+    if config.maxrl_practical:
+        fn = functools.partial(_sum_convention, obj.maxrl_practical_advantages)
+        rows.append(("MAXRL_PRACTICAL", fn, 1))
     return rows
 
 
 def maxrl_name(t: int, e: E) -> str:
     return f"MAXRL_T{t}[{e.name}]"
+
+
+def _sum_convention(fn, rewards: jax.Array, **kwargs) -> jax.Array:
+    """fn's mean-convention advantages / N: the gradient is their plain sum."""
+    return fn(rewards, **kwargs) / rewards.shape[1]
+
+
+def in_batches(fn, b: int):
+    """Applies fn to consecutive batches of b groups ([trials, N] -> [trials / b, b, N])."""
+
+    def apply(rewards: jax.Array) -> jax.Array:
+        trials, n = rewards.shape
+        return jax.vmap(fn)(rewards.reshape(trials // b, b, n)).reshape(trials, n)
+
+    return apply
 
 
 def run(config: Config, workdir: pathlib.Path) -> dict:
@@ -115,6 +166,10 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
     exact = grads[config.k]
     exact_km1 = grads.get(config.k - 1, 0.0)
     exact_maxrl = sum(g / j for j, g in grads.items())
+    exact_1 = grads[1]
+    with jax.enable_x64(True):
+        j1 = float(expected_max_reward(jnp.float64(config.theta), config.sigma, 1))
+    grad_log_j1 = exact_1 / j1
     rows = {}
     specs = row_specs(config)
     keys = jax.random.split(jax.random.key(config.seed), len(config.group_sizes))
@@ -140,14 +195,18 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
             **dataclasses.asdict(config),
             "estimators": [e.name for e in config.estimators],
             "maxrl_estimators": [e.name for e in config.maxrl_estimators],
+            "shrinkage_estimators": [e.name for e in config.shrinkage_estimators],
+            "mean_baselines": [b.name for b in config.mean_baselines],
         },
         "true_gradient": exact,
         "true_gradient_k_minus_1": exact_km1,
         "true_gradient_maxrl": exact_maxrl,
+        "true_gradient_k1": exact_1,
+        "grad_log_j1": grad_log_j1,
         "rows": [{"estimator": e, "N": n, **v} for (e, n), v in rows.items()],
     }
     (workdir / "results.json").write_text(json.dumps(results, indent=2))
-    table = markdown_table(config, rows, exact, exact_km1, exact_maxrl)
+    table = markdown_table(config, rows, exact, exact_km1, exact_maxrl, (exact_1, grad_log_j1))
     (workdir / "variance.md").write_text(table)
     plot_variance(config, rows, workdir / "variance.png")
     plot_signal_density(workdir / "signal_density.png")
@@ -157,8 +216,14 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
 
 
 def markdown_table(
-    config: Config, rows: dict, exact: float, exact_km1: float, exact_maxrl: float
+    config: Config,
+    rows: dict,
+    exact: float,
+    exact_km1: float,
+    exact_maxrl: float,
+    k1: tuple[float, float] = (math.nan, math.nan),
 ) -> str:
+    """The table and its notes; k1 = (J_1', grad log J_1), quoted by the --extended rows."""
     ns = config.group_sizes
     head = "| estimator | " + " | ".join(f"N={n}" for n in ns) + " |"
     lines = [
@@ -187,6 +252,23 @@ def markdown_table(
         lines.append(
             f"MAXRL_T{k} rows estimate sum_(j<={k}) J_j'/j = {exact_maxrl:.5f} (MaxRL's mixture "
             "weights 1/j), not J_k'."
+        )
+    b = config.shrinkage_batch
+    if config.shrinkage_estimators:
+        lines.append(
+            f"SHRINK_B{b} rows shrink the leave-one-out baseline over batches of {b} groups of "
+            "this one prompt (no spread between prompts, so lam is large: docs/estimators.md "
+            "section 2.11 says why that can raise max@k's variance); they target J_k'."
+        )
+    if config.mean_baselines:
+        lines.append(
+            f"MEAN rows are k = 1 baselines (divided by N); they target J_1' = {k1[0]:.5f}."
+        )
+    if config.maxrl_practical:
+        lines.append(
+            "MAXRL_PRACTICAL is (r - mean) / mean / N: unbiased for sum_(j<N) J_j'/j on binary "
+            f"rewards only; here a ratio estimate near grad log J_1 = {k1[1]:.5f}, biased at "
+            "finite N."
         )
     lines.append("")
     return "\n".join(lines)
@@ -241,6 +323,13 @@ def plot_signal_density(path: pathlib.Path, ks=(1, 2, 4, 8, 16)) -> None:
     plt.close(fig)
 
 
+# The --extended rows.
+EXTENDED = dict(
+    shrinkage_estimators=(E.L2O, E.LOO_MINUS_ONE),
+    mean_baselines=(M.RLOO, M.SHRINKAGE),
+    maxrl_practical=True,
+)
+
 flags.DEFINE_string("workdir", "runs/estimator_variance", "Where to write the outputs.")
 flags.DEFINE_float("theta", Config.theta, "Policy mean.")
 flags.DEFINE_float("sigma", Config.sigma, "Policy standard deviation.")
@@ -248,6 +337,15 @@ flags.DEFINE_integer("k", Config.k, "The k of max@k.")
 flags.DEFINE_list("group_sizes", [str(n) for n in Config.group_sizes], "Values of N.")
 flags.DEFINE_integer("trials", Config.trials, "Gradient estimates drawn per (estimator, N).")
 flags.DEFINE_integer("seed", Config.seed, "PRNG seed.")
+flags.DEFINE_bool(
+    "extended",
+    False,
+    "Also the rows README's table lacks: SHRINK_B<b>[L2O], SHRINK_B<b>[LOO_MINUS_ONE], "
+    "MEAN[RLOO], MEAN_B<b>[SHRINKAGE], MAXRL_PRACTICAL.",
+)
+flags.DEFINE_integer(
+    "shrinkage_batch", Config.shrinkage_batch, "Groups per batch for the shrinkage rows."
+)
 
 
 def main(argv) -> None:
@@ -262,6 +360,8 @@ def main(argv) -> None:
             trials=f.trials,
             seed=f.seed,
             group_sizes=tuple(int(n) for n in f.group_sizes),
+            shrinkage_batch=f.shrinkage_batch,
+            **(EXTENDED if f.extended else {}),
         )
         config.validate()
     except ValueError as err:

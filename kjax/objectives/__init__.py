@@ -3,11 +3,15 @@
 Metrics (unbiased from N >= k samples, [B, N] -> [B]):
   pass_at_k, max_at_k, majority_at_k.
 Advantages ([B, N] -> [B, N], under stop_gradient):
-  mean_advantages (k = 1: RLOO, Dr.GRPO, GRPO), max_at_k_advantages (pass@k / max@k:
+  mean_advantages (k = 1: RLOO, Dr.GRPO, GRPO, and SHRINKAGE: RLOO shrunk toward the
+  other prompts of the batch), max_at_k_advantages (pass@k / max@k:
   PKPO, Tang et al., Chen et al., MaxPO's L2O), max_at_k_mixture_advantages (sum_k
   w_k max@k; MaxRL via maxrl_weights), majority_at_k_advantages (Tang et al.),
   max_at_k_offpolicy_advantages (Bagirov et al.: the weight of each sample's own ratio,
-  exact or linearised, for S, LOO_MINUS_ONE and L2O).
+  exact or linearised, for S, LOO_MINUS_ONE and L2O), shrink_max_at_k_advantages (LOO,
+  L2O, LOO_MINUS_ONE with the leave-one-out baseline shrunk toward the batch; Zeng et al.
+  2025), maxrl_practical_advantages (MaxRL's per-group (r - mean) / mean of SkyRL and
+  prime-rl; on binary rewards unbiased for MaxRL's J_{N-1}).
 Related objectives of the seed papers live in `related`. Every function has a slow
 float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`; the
 off-policy one in `reference_offpolicy`).
@@ -18,6 +22,7 @@ from kjax.objectives.advantages import (
     MaxAtKEstimator,
     MeanBaseline,
     max_at_k_advantages,
+    maxrl_practical_advantages,
     mean_advantages,
 )
 from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
@@ -25,6 +30,7 @@ from kjax.objectives.metrics import max_at_k, pass_at_k
 from kjax.objectives.mixture import max_at_k_mixture_advantages, maxrl_weights
 from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
 from kjax.objectives.related import bon_aware_weight
+from kjax.objectives.shrinkage import shrink_max_at_k_advantages
 
 __all__ = [
     "MaxAtKEstimator",
@@ -36,7 +42,9 @@ __all__ = [
     "max_at_k_advantages",
     "max_at_k_mixture_advantages",
     "max_at_k_offpolicy_advantages",
+    "maxrl_practical_advantages",
     "maxrl_weights",
     "mean_advantages",
     "pass_at_k",
+    "shrink_max_at_k_advantages",
 ]

@@ -30,6 +30,10 @@ class MeanBaseline(enum.Enum):
     RLOO = "rloo"  # r_i - mean_{j != i} r_j; unbiased (Kool et al. 2019; Ahmadian et al. 2024).
     GROUP_MEAN = "group_mean"  # r_i - mean_j r_j; Dr.GRPO (Liu et al. 2025).
     GROUP_ZSCORE = "group_zscore"  # (r_i - mean) / (std + eps); GRPO (Shao et al. 2024), biased.
+    # r_bi - [(1 - lam_b) mean_{j != i} r_bj + lam_b M_b], M_b and lam_b from the *other*
+    # prompts of the batch: RLOO shrunk James-Stein style toward the batch; unbiased, needs
+    # N >= 2; B <= 2 is RLOO (Zeng, Zhou, Arora & Zanette 2025; kjax.objectives.shrinkage).
+    SHRINKAGE = "shrinkage"
 
 
 class MaxAtKEstimator(enum.Enum):
@@ -74,11 +78,19 @@ def mean_advantages(rewards: jax.Array, baseline: MeanBaseline = MeanBaseline.RL
       baseline: which baseline to subtract (an enum, validated).
 
     Returns:
-      [B, N] float advantages under stop_gradient. RLOO needs N >= 2. An all-equal group
-      gives exactly 0 for every baseline, also in float32.
+      [B, N] float advantages under stop_gradient. RLOO and SHRINKAGE need N >= 2. An
+      all-equal group gives exactly 0 for every baseline but SHRINKAGE, also in float32;
+      SHRINKAGE couples the prompts (an all-equal group moves toward the others' mean, an
+      all-equal batch gives exactly 0) and gives every row NaN if any reward is NaN (B >= 3).
     """
     rewards = check_group(rewards, "rewards", "float")
     n = rewards.shape[1]
+    if baseline is MeanBaseline.SHRINKAGE:
+        # Imported here: kjax.objectives.shrinkage imports this module.
+        from kjax.objectives.shrinkage import mean_shrinkage_advantages
+
+        check_k(2, n, name="N for the SHRINKAGE baseline")
+        return jax.lax.stop_gradient(mean_shrinkage_advantages(rewards))
     # Every baseline is shift-invariant; shifting by a member of the group first makes an
     # all-equal group exactly 0 (the float32 mean of 0.1 repeated is not exactly 0.1, and
     # GRPO would divide that rounding error by a std of the same size).
@@ -236,3 +248,49 @@ def _check_binary_if_concrete(rewards: jax.Array) -> None:
             "`rewards` must be binary (0 or 1) for MaxAtKEstimator.CHEN_ANALYTIC; use "
             "LOO_MINUS_ONE or L2O for continuous rewards."
         )
+
+
+def maxrl_practical_advantages(rewards: jax.Array) -> jax.Array:
+    """MaxRL's per-group form (SkyRL, prime-rl): (r_i - mean r) / mean r, 0 if mean r = 0.
+
+    In the mean convention of `mean_advantages` (divide by N for kjax's sum convention).
+    How it relates to kjax's MaxRL, the truncated mixture `maxrl_weights(T)` with
+    J_T = -sum_{k<=T} (1-p)^k / k (docs/estimators.md section 2.12):
+
+    - Binary rewards, exactly in expectation: E[(1/N) sum_i A_i grad log pi(y_i)] =
+      grad J_{N-1} = sum_{k<N} (1/k) grad pass@k = pass@(N-1) grad log p. So it is MaxRL at
+      T = N - 1 (what `max_at_k_mixture_advantages(r, maxrl_weights(N - 1))` estimates
+      without bias), with no per-prompt rescaling. Against the T -> infinity limit grad
+      log p it differs by the per-prompt factor pass@(N-1) = 1 - (1-p)^(N-1) < 1, which
+      weights hard prompts down; the two agree only as N -> infinity. (Without the "- 1",
+      the mean of the correct samples' scores is unbiased for grad J_N.)
+    - Binary rewards, sample by sample: A / N equals the CENTERED mixture with weights
+      1/k for k = 2..N plus Dr.GRPO / N for k = 1, i.e.
+      `max_at_k_mixture_advantages(r, {k: 1/k for k in 2..N}, estimator=CENTERED)
+      + mean_advantages(r, GROUP_MEAN) / N`; CENTERED's bias (section 2.7) is what turns
+      T = N into T = N - 1.
+    - Continuous rewards: no such identity. (1/N) sum_i (r_i / mean r - 1) grad log pi(y_i)
+      is a ratio of two sample means, a plug-in for grad log E[r] that is biased at finite
+      N, while the kjax mixture targets sum_k w_k grad E[max of k] (best-of-k, not the log
+      of the mean).
+
+    Args:
+      rewards: [B, N] float, every value >= 0 (the ratio needs a positive mean). Eagerly a
+        negative value raises; under jit a group with a negative value gets NaN.
+
+    Returns:
+      [B, N] advantages under stop_gradient; an all-equal group gives exactly 0.
+    """
+    rewards = check_group(rewards, "rewards", "float")
+    if not isinstance(rewards, jax.core.Tracer) and bool(jnp.any(rewards < 0)):
+        raise ValueError(
+            "`rewards` must be >= 0 for maxrl_practical_advantages (it divides by the group "
+            "mean); shift or clip the rewards first."
+        )
+    mean = jnp.mean(rewards, axis=-1, keepdims=True)
+    shifted = rewards - rewards[:, :1]  # exact zeros for an all-equal group, as above
+    centred = shifted - jnp.mean(shifted, axis=-1, keepdims=True)
+    zero = mean == 0  # a NaN mean stays NaN
+    adv = jnp.where(zero, 0.0, centred / jnp.where(zero, 1.0, mean))
+    negative = jnp.any(rewards < 0, axis=-1, keepdims=True)
+    return jax.lax.stop_gradient(jnp.where(negative, jnp.nan, adv))

@@ -44,8 +44,12 @@ def max_at_k_ref(rewards, k: int) -> np.ndarray:
 
 def mean_advantages_ref(rewards, baseline: MeanBaseline) -> np.ndarray:
     """[B, N]: RLOO, Dr.GRPO and GRPO from their definitions, in exact rational arithmetic
-    (so an all-equal group is exactly 0, as the fast version promises)."""
+    (so an all-equal group is exactly 0, as the fast version promises); SHRINKAGE as
+    r_i minus `shrink_loo_baseline_ref` of the means of the others."""
     rewards = np.asarray(rewards, dtype=np.float64)
+    if baseline is MeanBaseline.SHRINKAGE:
+        loo = np.array([[np.mean(np.delete(row, i)) for i in range(len(row))] for row in rewards])
+        return rewards - shrink_loo_baseline_ref(loo)
     out = np.zeros_like(rewards)
     for b, row in enumerate(rewards):
         exact = [Fraction(float(v)) for v in row]
@@ -129,3 +133,52 @@ def max_at_k_mixture_advantages_ref(
 ) -> np.ndarray:
     """[B, N]: sum_k w_k A^(k), one enumeration per k (the definition of the mixture)."""
     return sum(w * max_at_k_advantages_ref(rewards, k, estimator) for k, w in weights.items())
+
+
+def _sum_sq_dev(row) -> float:
+    """sum_i (x_i - mean x)^2 in exact rationals (exactly 0 for a constant row)."""
+    exact = [Fraction(float(v)) for v in row]
+    mean = sum(exact) / len(exact)
+    return float(sum((v - mean) ** 2 for v in exact))
+
+
+def shrink_loo_baseline_ref(loo) -> np.ndarray:
+    """[B, N]: (1 - lam_b) L_bi + lam_b M_b, lam_b and M_b from the rows b' != b only
+    (docs/estimators.md section 2.11), one prompt at a time from the definitions."""
+    loo = np.asarray(loo, dtype=np.float64)
+    num, n = loo.shape
+    if num <= 2:  # fewer than two other prompts: no spread to measure, lam = 0
+        return loo.copy()
+    out = np.zeros_like(loo)
+    for b in range(num):
+        rest = np.delete(loo, b, axis=0)  # [B-1, N], the other prompts
+        est = rest.mean(axis=1)  # each other prompt's full-group estimate
+        nu = np.mean([_sum_sq_dev(row) for row in rest])  # pooled jackknife noise
+        target = est.mean()
+        tau2 = max(np.var(est, ddof=1) - nu * (n - 1) / n, 0.0)
+        d2 = tau2 * num / (num - 1) + nu * (n - 1) / (n * (num - 1))
+        lam = nu / (nu + d2) if nu + d2 > 0 else 0.0
+        out[b] = (1 - lam) * loo[b] + lam * target
+    return out
+
+
+def shrink_max_at_k_advantages_ref(rewards, k: int, estimator: MaxAtKEstimator) -> np.ndarray:
+    """[B, N]: s_i - c * shrunk m_j(all but i), every m_j by subset enumeration; (j, c) is
+    (k, k/(N-1)) for LOO, (k, k/N) for L2O, (max(k-1, 1), k/N) for LOO_MINUS_ONE."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    n = rewards.shape[1]
+    j, c = {
+        MaxAtKEstimator.LOO: (k, k / (n - 1)),
+        MaxAtKEstimator.L2O: (k, k / n),
+        MaxAtKEstimator.LOO_MINUS_ONE: (max(k - 1, 1), k / n),
+    }[estimator]
+    others = [[m for m in range(n) if m != i] for i in range(n)]
+    loo = np.array([[_mean_max(row, others[i], j) for i in range(n)] for row in rewards])
+    return np.stack([_s(row, k) for row in rewards]) - c * shrink_loo_baseline_ref(loo)
+
+
+def maxrl_practical_advantages_ref(rewards) -> np.ndarray:
+    """[B, N]: (r_i - mean r) / mean r, 0 for a group whose mean is 0."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    mean = rewards.mean(axis=1, keepdims=True)
+    return np.where(mean == 0, 0.0, (rewards - mean) / np.where(mean == 0, 1.0, mean))

@@ -322,6 +322,15 @@ class TrainConfig:
                 f"{estimator.name}. Set rl.offpolicy_max_at_k=OFF (PPO's ratio then corrects "
                 "the fixed advantages) or change the estimator."
             )
+        if self.dynamic_sampling and self.objective.objective is Objective.MEAN:
+            need(
+                self.objective.mean_baseline is not MeanBaseline.SHRINKAGE,
+                "dynamic_sampling",
+                "cannot pick informative groups under mean_baseline=SHRINKAGE (its baseline "
+                "mixes in other prompts, so an all-equal group gets non-zero advantages); set "
+                "dynamic_sampling=false or another baseline",
+                True,
+            )
         # Paths are left to the command line by presets, so they are checked here.
         if self.model.kind is ModelKind.HF_DIR:
             need(bool(self.model.path), "model.path", "is required for kind HF_DIR", "")

@@ -122,7 +122,8 @@ class ObjectiveConfig:
       inference-time budget, which is what best-of-n spends, a KSchedule can then grow
       it, and a new field would change every run's identity (kjax.rl.config.to_json),
       so that existing workdirs would refuse to resume.
-    mean_baseline: MEAN's baseline (RLOO unbiased; GROUP_MEAN Dr.GRPO; GROUP_ZSCORE GRPO).
+    mean_baseline: MEAN's baseline (RLOO unbiased; GROUP_MEAN Dr.GRPO; GROUP_ZSCORE GRPO;
+      SHRINKAGE: RLOO shrunk toward the other prompts' means, unbiased, couples the batch).
     max_at_k_estimator: the estimator of MAX_AT_K and of each k of MAX_AT_K_MIXTURE
       (LOO_MINUS_ONE recommended; see kjax.objectives.MaxAtKEstimator for which are biased).
     majority_centered: MAJORITY_AT_K subtracts the group mean (Tang et al.'s biased variant).
@@ -199,8 +200,12 @@ class ObjectiveConfig:
         if self.objective is Objective.MEAN:
             if ks != (1,):
                 raise ValueError(f"`{field}` must be 1 for objective MEAN; got k in {ks}.")
-            if self.mean_baseline is MeanBaseline.RLOO and n < 2:
-                raise ValueError("`ObjectiveConfig.mean_baseline`=RLOO needs N >= 2 samples.")
+            loo = (MeanBaseline.RLOO, MeanBaseline.SHRINKAGE)  # leave-one-out baselines
+            if self.mean_baseline in loo and n < 2:
+                raise ValueError(
+                    f"`ObjectiveConfig.mean_baseline`={self.mean_baseline.name} needs N >= 2 "
+                    "samples."
+                )
             return
         if self.objective is Objective.BON_DISTILL:
             # k is best-of-k's n, a target rather than a subset size: k > N is fine.

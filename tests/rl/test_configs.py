@@ -126,6 +126,15 @@ def test_workdir_of_a_different_experiment_is_refused(tmp_path, capsys):
 # silently do nothing), with what the message must name.
 REFUSED = [
     (["rl.epochs=2"], r"rl.loss.*=PG.*Use rl.loss=PPO"),  # reuse without a ratio
+    (  # a shrinkage baseline gives all-equal groups advantages: no informative-group filter
+        [
+            "objective.objective=mean",
+            "objective.k=1",
+            "objective.mean_baseline=shrinkage",
+            "dynamic_sampling=true",
+        ],  # fmt: skip
+        r"dynamic_sampling.*SHRINKAGE",
+    ),
     (["rl.minibatches=2"], r"rl.loss.*=PG.*Use rl.loss=PPO"),  # later minibatches: old policy
     (["rl.loss=ppo", "rl.kl_estimator=k1"], r"rl.kl_estimator.*K1.*expected.*gradient is 0"),
     (
