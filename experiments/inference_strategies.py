@@ -85,6 +85,7 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
     run_dir = pathlib.Path(run_dir)
     ident = json.loads((run_dir / "experiment.json").read_text())
     cfg = TrainConfig(
+        name=ident["name"],
         model=ModelConfig(**ident["model"]),
         task=tasks.config_from_json(ident["task"]),
         eval=EvalConfig(**{**ident["eval"], "problems": problems}),
