@@ -102,9 +102,11 @@ def slug(name: str) -> str:
 
 
 def with_seed(cfg, seed: int, sft_dir: pathlib.Path):
-    """cfg for `seed`, its SFT warm start cached in sft_dir/seedS (shared by all arms), or
-    in sft_dir/sft_seedX for every seed when the warm start's seed is fixed (sft.seed)."""
+    """cfg for `seed`, its SFT warm start cached in sft_dir/<task>_seedS (shared by all
+    arms), or in sft_dir/<task>_sft_seedX for every seed when the warm start's seed is fixed
+    (sft.seed); the task kind keeps tables of different tasks apart in one --sft_dir."""
     name = f"seed{seed}" if cfg.sft.seed is None else f"sft_seed{cfg.sft.seed}"
+    name = f"{slug(cfg.task.kind)}_{name}"
     sft = dataclasses.replace(cfg.sft, cache_dir=str(sft_dir / name))
     return dataclasses.replace(cfg, seed=seed, sft=sft)
 
