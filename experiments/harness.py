@@ -106,7 +106,8 @@ def with_seed(cfg, seed: int, sft_dir: pathlib.Path):
     arms), or in sft_dir/<task>_sft_seedX for every seed when the warm start's seed is fixed
     (sft.seed); the task kind keeps tables of different tasks apart in one --sft_dir."""
     name = f"seed{seed}" if cfg.sft.seed is None else f"sft_seed{cfg.sft.seed}"
-    name = f"{slug(cfg.task.kind)}_{name}"
+    task = getattr(cfg, "task", None)  # test doubles of a config may have none
+    name = f"{slug(task.kind)}_{name}" if task is not None else name
     sft = dataclasses.replace(cfg.sft, cache_dir=str(sft_dir / name))
     return dataclasses.replace(cfg, seed=seed, sft=sft)
 
