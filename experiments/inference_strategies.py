@@ -110,9 +110,10 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
             state, _ = ckpt.restore(None)  # the saved tree as is: only params are needed
         params = jax.device_put(state["params"], jax.devices()[0])
     if task is not None and task != cfg.task:
-        if cfg.model.kind is ModelKind.TINY and task_lib.tiny_tokenizer(
-            dataclasses.replace(cfg, task=task)
-        ) != tokenizer:
+        if (
+            cfg.model.kind is ModelKind.TINY
+            and task_lib.tiny_tokenizer(dataclasses.replace(cfg, task=task)) != tokenizer
+        ):
             raise ValueError(
                 f"the run's character model reads {cfg.task.kind}'s characters, not "
                 f"{task.kind}'s; evaluate it on {cfg.task.kind} or use a run trained on "
