@@ -19,39 +19,20 @@ pass@1 0.301, max@8 0.825, pass@16 0.845; after 20 steps 0.474, 0.351, 0.812, 0.
 
 import dataclasses
 
+from experiments.configs import tiny_countdown
 from kjax.rl.config import (
-    CheckpointConfig,
-    CountdownConfig,
-    EvalConfig,
     KLEstimator,
-    ModelConfig,
     Objective,
     ObjectiveConfig,
-    OptimizerConfig,
     PolicyLoss,
-    SFTConfig,
     StepConfig,
     TrainConfig,
 )
 
-BASE = TrainConfig(  # tiny_countdown.py's BASE, with its own name and rl group
+BASE = dataclasses.replace(  # tiny_countdown.py's BASE, with its own name and rl group
+    tiny_countdown.BASE,
     name="tiny_countdown_bon",
-    steps=300,
-    batch_prompts=16,
-    samples=16,
-    max_new_tokens=12,  # the longest solution of 3 numbers <= 20 is 10 characters, then eos
-    temperature=1.0,
     rl=StepConfig(loss=PolicyLoss.PG, kl_coef=8.0, kl_estimator=KLEstimator.K2),
-    optimizer=OptimizerConfig(
-        learning_rate=5e-4, warmup_steps=5, total_steps=300, end_lr_ratio=0.1, max_grad_norm=1.0
-    ),
-    model=ModelConfig(
-        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=192
-    ),
-    task=CountdownConfig(count=3, max_number=20, max_target=100, train_size=4000, test_size=200),
-    sft=SFTConfig(steps=1500, batch_size=64, learning_rate=3e-3),
-    eval=EvalConfig(every=50, n_eval=16, problems=200),
-    checkpoint=CheckpointConfig(every=50, keep=2),
 )
 BON_8 = ObjectiveConfig(Objective.BON_DISTILL, k=8)  # k is the n of best-of-n
 

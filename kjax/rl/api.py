@@ -15,7 +15,6 @@ that needs more of the loop's pieces can still read `run.components`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
@@ -27,18 +26,15 @@ from kjax.data.loader import Position
 from kjax.models import LlamaConfig
 from kjax.rewards.verdict import Verdicts
 from kjax.rl import loop, sft
-from kjax.rl.components import Components, build_components
+from kjax.rl.components import Components, build_components, step_and_sampler
 from kjax.rl.config import SFTConfig, TrainConfig
-from kjax.rl.objective import offpolicy_reweighter
 from kjax.rl.task import Task
 from kjax.rl.train_step import (
     RLBatch,
     TrainState,
     init_train_state,
-    make_train_step,
     shardings_of,
 )
-from kjax.sampling import sample_params
 
 __all__ = [
     "Run",
@@ -179,24 +175,7 @@ def with_model(run: Run, model_config: LlamaConfig, params) -> Run:
     `run`: close only one of them."""
     c, cfg = run.components, run.cfg
     state = init_train_state(params, c.optimizer, jax.random.key(cfg.seed), run.mesh)
-    dtype = cfg.model.compute_dtype
-    step_fn = make_train_step(
-        model_config,
-        cfg.rl,
-        c.optimizer,
-        run.mesh,
-        shardings_of(state),
-        dtype=dtype,
-        reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
-        temperature=cfg.temperature,
-    )
-    sampler = functools.partial(
-        sample_params,
-        config=model_config,
-        dtype=dtype,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_ids=run.task.stop_ids,
-    )
+    step_fn, sampler = step_and_sampler(cfg, model_config, c.optimizer, run.mesh, state, run.task)
     components = dataclasses.replace(c, model_config=model_config, step_fn=step_fn, sampler=sampler)
     return Run(components, state)
 

@@ -68,6 +68,29 @@ class Components:
             self.pool.close()
 
 
+def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, optimizer, mesh, state, task):
+    """(the jitted RL update, the grouped sampler) of `model_config` for the run `cfg`."""
+    dtype = cfg.model.compute_dtype
+    step_fn = make_train_step(
+        model_config,
+        cfg.rl,
+        optimizer,
+        mesh,
+        shardings_of(state),
+        dtype=dtype,
+        reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
+        temperature=cfg.temperature,
+    )
+    sampler = functools.partial(
+        sample_params,
+        config=model_config,
+        dtype=dtype,
+        max_new_tokens=cfg.max_new_tokens,
+        stop_ids=task.stop_ids,
+    )
+    return step_fn, sampler
+
+
 def build_model(cfg: TrainConfig, mesh: Mesh):
     """(LlamaConfig, params on mesh, tokenizer); a TINY model's is its task's characters."""
     m, dtype = cfg.model, cfg.model.compute_dtype
@@ -139,30 +162,13 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         "workdir", lambda: checkpoint.ensure_workdir(workdir, to_json(cfg))
     )
     mesh = sharding.make_mesh(*cfg.mesh.resolve(jax.device_count()))
-    dtype = cfg.model.compute_dtype
     model_config, params, tokenizer = build_model(cfg, mesh)
     task = multihost.leader_first("data", lambda: load_task(cfg, tokenizer, workdir / "data"))
     params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
-    step_fn = make_train_step(
-        model_config,
-        cfg.rl,
-        optimizer,
-        mesh,
-        shardings_of(state),
-        dtype=dtype,
-        reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
-        temperature=cfg.temperature,
-    )
-    sampler = functools.partial(
-        sample_params,
-        config=model_config,
-        dtype=dtype,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_ids=task.stop_ids,
-    )
+    step_fn, sampler = step_and_sampler(cfg, model_config, optimizer, mesh, state, task)
     pool = None
     if cfg.verifier_workers:
         from kjax.rewards.pool import PoolConfig, VerifierPool
