@@ -87,10 +87,15 @@ class Code(Problems):
 
         tests = [tests_of(e, self.config.max_tests) for e in examples]
         verdicts = code.verify(completions, tests, timeout_s=self.config.timeout_s, pool=pool)
-        if self.config.reward is Reward.ALL:
-            scores = (verdicts.scores == 1.0).astype(verdicts.scores.dtype)
-            verdicts = dataclasses.replace(verdicts, scores=scores)
+        return shaped(verdicts, self.config.reward)
+
+
+def shaped(verdicts, reward: Reward):
+    """verdicts with the configured reward: the fraction passed as is, or ALL's 0/1."""
+    if reward is Reward.FRACTION:
         return verdicts
+    scores = (verdicts.scores == 1.0).astype(verdicts.scores.dtype)
+    return dataclasses.replace(verdicts, scores=scores)
 
 
 def _printable(text: str) -> str:

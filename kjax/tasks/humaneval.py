@@ -14,7 +14,7 @@ import dataclasses
 
 from kjax._fields import check_int, coerce_enums, is_real, need
 from kjax.tasks.base import CharTokenizer, Problems, TaskConfig, wrap
-from kjax.tasks.code import CHARS, Reward, _printable
+from kjax.tasks.code import CHARS, Reward, _printable, shaped
 
 PROBLEMS = 164
 
@@ -74,10 +74,7 @@ class HumanEval(Problems):
         verdicts = humaneval.verify(
             completions, problems, timeout_s=self.config.timeout_s, pool=pool
         )
-        if self.config.reward is Reward.ALL:
-            scores = (verdicts.scores == 1.0).astype(verdicts.scores.dtype)
-            verdicts = dataclasses.replace(verdicts, scores=scores)
-        return verdicts
+        return shaped(verdicts, self.config.reward)
 
 
 def tiny_tokenizer(cfg: Config) -> CharTokenizer:
