@@ -11,7 +11,10 @@ Advantages ([B, N] -> [B, N], under stop_gradient):
   exact or linearised, for S, LOO_MINUS_ONE and L2O), shrink_max_at_k_advantages (LOO,
   L2O, LOO_MINUS_ONE with the leave-one-out baseline shrunk toward the batch; Zeng et al.
   2025), maxrl_practical_advantages (MaxRL's per-group (r - mean) / mean of SkyRL and
-  prime-rl; on binary rewards unbiased for MaxRL's J_{N-1}).
+  prime-rl; on binary rewards unbiased for MaxRL's J_{N-1}),
+  shrink_max_at_k_mixture_advantages (a mixture over k, each k's baseline shrunk).
+Label-free rewards: majority_pseudo_rewards (TTRL: agreement with the group's plurality
+  answer) and pseudo_label_stats (how often that label is wrong).
 Related objectives of the seed papers live in `related`. Every function has a slow
 float64 subset-enumeration oracle in `reference` (same name, suffix `_ref`; the
 off-policy one in `reference_offpolicy`).
@@ -29,8 +32,12 @@ from kjax.objectives.majority import majority_at_k, majority_at_k_advantages
 from kjax.objectives.metrics import max_at_k, pass_at_k
 from kjax.objectives.mixture import max_at_k_mixture_advantages, maxrl_weights
 from kjax.objectives.offpolicy import max_at_k_offpolicy_advantages
+from kjax.objectives.pseudo_label import majority_pseudo_rewards, pseudo_label_stats
 from kjax.objectives.related import bon_aware_weight
-from kjax.objectives.shrinkage import shrink_max_at_k_advantages
+from kjax.objectives.shrinkage import (
+    shrink_max_at_k_advantages,
+    shrink_max_at_k_mixture_advantages,
+)
 
 __all__ = [
     "MaxAtKEstimator",
@@ -44,7 +51,10 @@ __all__ = [
     "max_at_k_offpolicy_advantages",
     "maxrl_practical_advantages",
     "maxrl_weights",
+    "majority_pseudo_rewards",
     "mean_advantages",
     "pass_at_k",
+    "pseudo_label_stats",
     "shrink_max_at_k_advantages",
+    "shrink_max_at_k_mixture_advantages",
 ]

@@ -217,3 +217,23 @@ def shrink_max_at_k_advantages(
     loo = leave_one_out_max_at_k(rewards - first, j) + first
     lam, target = shrinkage_factor(loo)
     return jax.lax.stop_gradient(adv + (c * lam)[:, None] * (loo - target[:, None]))
+
+
+def shrink_max_at_k_mixture_advantages(
+    rewards: jax.Array,
+    weights,
+    estimator: MaxAtKEstimator = MaxAtKEstimator.LOO_MINUS_ONE,
+) -> jax.Array:
+    """sum_k w_k shrink_max_at_k_advantages(rewards, k, estimator): the mixture of
+    `max_at_k_mixture_advantages` with each k's leave-one-out baseline shrunk on its own
+    (its own lam and target per k). Unbiased for sum_k w_k grad J_k, as each term is.
+
+    weights: {k: w_k} or ((k, w_k), ...), static ints k, finite w_k >= 0 (e.g.
+    maxrl_weights(T)); a zero weight's term is skipped.
+    """
+    rewards = check_group(rewards, "rewards", "float")
+    items = weights.items() if hasattr(weights, "items") else weights
+    terms = [w * shrink_max_at_k_advantages(rewards, k, estimator) for k, w in items if w]
+    if not terms:
+        return jnp.zeros_like(rewards)
+    return jax.lax.stop_gradient(sum(terms[1:], terms[0]))

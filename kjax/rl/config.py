@@ -21,11 +21,13 @@ from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.rl.objective_config import (
+    IDENTITY_IF_SET,
     OFFPOLICY_ESTIMATORS,
     KSchedule,
     KScheduleKind,
     Objective,
     ObjectiveConfig,
+    RewardSource,
     offpolicy_estimator_names,
 )
 from kjax.rl.step_config import (
@@ -58,6 +60,7 @@ __all__ = [
     "KSchedule",
     "KScheduleKind",
     "LossAggregation",
+    "RewardSource",
     "MathConfig",
     "MaxAtKEstimator",
     "MeanBaseline",
@@ -331,6 +334,14 @@ class TrainConfig:
                 "dynamic_sampling=false or another baseline",
                 True,
             )
+        need(
+            not (self.dynamic_sampling and self.objective.max_at_k_shrinkage),
+            "dynamic_sampling",
+            "cannot pick informative groups under objective.max_at_k_shrinkage (the shrunk "
+            "baseline mixes in other prompts, so an all-equal group gets non-zero "
+            "advantages); set dynamic_sampling=false or max_at_k_shrinkage=false",
+            True,
+        )
         # Paths are left to the command line by presets, so they are checked here.
         if self.model.kind is ModelKind.HF_DIR:
             need(bool(self.model.path), "model.path", "is required for kind HF_DIR", "")
@@ -431,11 +442,19 @@ def _parse(current, text: str, path: str):
 
 
 def to_json(cfg) -> dict:
-    """A JSON-able nested dict (enums by value): the run's identity for ensure_workdir."""
+    """A JSON-able nested dict (enums by value): the run's identity for ensure_workdir.
+
+    A field whose metadata is IDENTITY_IF_SET (added after runs were written) is left out
+    while it holds its default, so a workdir written before the field existed resumes.
+    """
+
+    def kept(x, f) -> bool:
+        return f.metadata != IDENTITY_IF_SET or getattr(x, f.name) != f.default
 
     def plain(x):
         if dataclasses.is_dataclass(x):
-            return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+            fields = dataclasses.fields(x)
+            return {f.name: plain(getattr(x, f.name)) for f in fields if kept(x, f)}
         if isinstance(x, enum.Enum):
             return x.value
         if isinstance(x, tuple | list):

@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kjax import evaluation
+from kjax import evaluation, objectives
 from kjax.data import loader
 from kjax.rewards.verdict import Verdicts
 from kjax.rl import multihost
 from kjax.rl import task as task_lib
 from kjax.rl.components import Components, build_components
-from kjax.rl.config import EvalSplit, TrainConfig
+from kjax.rl.config import EvalSplit, RewardSource, TrainConfig
 from kjax.rl.objective import objective_ks, objective_value
 from kjax.rl.train_step import RLBatch, TrainState
 
@@ -144,6 +144,7 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
     key = jax.random.fold_in(c.base_key, step)
     timing = {"sample": 0.0, "verify": 0.0, "advantages": 0.0}
     tallies: dict[str, int] = {}  # the verifier's counts over this step's rollouts
+    votes: list[dict] = []  # label-free rewards: how good each rollout batch's labels were
     candidates = []
     for attempt in range(_MAX_REFILLS):
         ro = rollout(
@@ -170,6 +171,8 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         timing["advantages"] += time.perf_counter() - t
         for name, count in v.counts.items():
             tallies[name] = tallies.get(name, 0) + int(count)
+        if cfg.objective.reward is RewardSource.MAJORITY_VOTE:
+            votes.append(_pseudo_label_stats(cfg, v))
         candidates.append(
             dict(
                 prompts=ro.prompts,
@@ -198,9 +201,20 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         "sample_batches": len(candidates),
         **{f"time/{n}": s for n, s in timing.items()},
         **{f"verify/{n}": count for n, count in tallies.items()},
+        **{f"pseudo/{n}": float(np.nanmean([v[n] for v in votes])) for n in (votes or [{}])[0]},
         "time/step": time.perf_counter() - t0,
     }
     return state, row
+
+
+def _pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
+    """The vote's labels against the verifier's (reward=MAJORITY_VOTE): step metrics
+    pseudo/labelled, pseudo/label_wrong (a fraction of the labelled groups) and
+    pseudo/reward_error (kjax.objectives.pseudo_label_stats)."""
+    stats = objectives.pseudo_label_stats(
+        v.answer_ids, v.target, v.scores, cfg.objective.min_agreement
+    )
+    return {n: float(x) for n, x in jax.device_get(stats).items()}
 
 
 def _resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position]:

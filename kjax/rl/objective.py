@@ -17,12 +17,15 @@ import jax.numpy as jnp
 from kjax import objectives
 from kjax.objectives import MaxAtKEstimator
 from kjax.objectives.bon_distill import bon_distill_advantages
+from kjax.objectives.pseudo_label import majority_pseudo_rewards
+from kjax.objectives.shrinkage import shrink_max_at_k_mixture_advantages
 from kjax.rl.objective_config import (
     OFFPOLICY_ESTIMATORS,
     KSchedule,
     KScheduleKind,
     Objective,
     ObjectiveConfig,
+    RewardSource,
     offpolicy_estimator_names,
 )
 from kjax.rl.step_config import OffPolicyMaxAtK, StepConfig
@@ -34,6 +37,7 @@ __all__ = [
     "KScheduleKind",
     "Objective",
     "ObjectiveConfig",
+    "RewardSource",
     "compute_advantages",
     "offpolicy_reweighter",
 ]
@@ -48,13 +52,20 @@ def compute_advantages(
 ) -> jax.Array:
     """Per-sample advantages [B, N] in the sum convention, under stop_gradient.
 
+    With reward=MAJORITY_VOTE the scores are first replaced by TTRL's label-free rewards,
+    majority_pseudo_rewards(answer_ids, min_agreement) (answer_ids required), and the
+    objective below runs on them.
+
     MEAN: mean_advantages(scores, baseline) / N (the peers' mean convention, rescaled).
+    MAXRL_PRACTICAL: maxrl_practical_advantages(scores) / N, likewise.
     MAX_AT_K: max_at_k_advantages(scores, k, estimator) (pass@k for {0, 1} scores), already
       in the sum convention, except CHEN_ANALYTIC, which is normalised per sample (at
-      k = 1 it is GRPO's z-score) and so is divided by N, as MEAN is.
+      k = 1 it is GRPO's z-score) and so is divided by N, as MEAN is. With
+      max_at_k_shrinkage: shrink_max_at_k_advantages(scores, k, estimator).
     MAJORITY_AT_K: majority_at_k_advantages(answer_ids, target, k, centered).
     MAX_AT_K_MIXTURE: max_at_k_mixture_advantages(scores, weights, estimator) for
-      sum_k w_k max@k (weights from cfg.mixture_weights, or maxrl_weights(cfg.maxrl_t)).
+      sum_k w_k max@k (weights from cfg.mixture_weights, or maxrl_weights(cfg.maxrl_t));
+      with max_at_k_shrinkage, each k's baseline shrunk (shrink_max_at_k_mixture_advantages).
     BON_DISTILL: bon_distill_advantages(scores, n=k), already in the sum convention: the
       best-of-k transformed reward with the group's other samples as the anchor (the
       current policy, BOND's moving anchor) and a leave-two-out baseline. The KL half of
@@ -82,10 +93,19 @@ def compute_advantages(
             f"`scores` must be float [B, N]; got {scores.dtype} shape {tuple(scores.shape)}."
         )
     n = scores.shape[1]
-    if cfg.objective is Objective.MEAN:
+    if cfg.reward is RewardSource.MAJORITY_VOTE:
+        if answer_ids is None:
+            raise ValueError("`answer_ids` is required for reward=MAJORITY_VOTE.")
+        answer_ids = _check_answers(answer_ids, scores)
+        scores = majority_pseudo_rewards(answer_ids, cfg.min_agreement, scores.dtype)
+    if cfg.objective in (Objective.MEAN, Objective.MAXRL_PRACTICAL):
         if k != 1:
-            raise ValueError(f"`k`={k} but the MEAN objective is k = 1.")
+            raise ValueError(f"`k`={k} but the {cfg.objective.name} objective is k = 1.")
+        if cfg.objective is Objective.MAXRL_PRACTICAL:
+            return objectives.maxrl_practical_advantages(scores) / n
         return objectives.mean_advantages(scores, cfg.mean_baseline) / n
+    if cfg.objective is Objective.MAX_AT_K and cfg.max_at_k_shrinkage:
+        return objectives.shrink_max_at_k_advantages(scores, k, cfg.max_at_k_estimator)
     if cfg.objective is Objective.MAX_AT_K:
         adv = objectives.max_at_k_advantages(scores, k, cfg.max_at_k_estimator)
         if cfg.max_at_k_estimator is MaxAtKEstimator.CHEN_ANALYTIC:
@@ -97,20 +117,27 @@ def compute_advantages(
         weights = (
             objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
         )
+        if cfg.max_at_k_shrinkage:
+            return shrink_max_at_k_mixture_advantages(scores, weights, cfg.max_at_k_estimator)
         return objectives.max_at_k_mixture_advantages(
             scores, weights, estimator=cfg.max_at_k_estimator
         )
     if answer_ids is None or target is None:
         missing = "answer_ids" if answer_ids is None else "target"
         raise ValueError(f"`{missing}` is required for Objective.MAJORITY_AT_K.")
+    answer_ids = _check_answers(answer_ids, scores)
+    adv = objectives.majority_at_k_advantages(answer_ids, target, k, cfg.majority_centered)
+    return adv.astype(scores.dtype)
+
+
+def _check_answers(answer_ids, scores: jax.Array) -> jax.Array:
     answer_ids = jnp.asarray(answer_ids)
     if answer_ids.shape != scores.shape:
         raise ValueError(
             f"`answer_ids` must have the shape of `scores` {tuple(scores.shape)}; got "
             f"{tuple(answer_ids.shape)}."
         )
-    adv = objectives.majority_at_k_advantages(answer_ids, target, k, cfg.majority_centered)
-    return adv.astype(scores.dtype)
+    return answer_ids
 
 
 Reweight = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -160,7 +187,7 @@ def _weights(cfg: ObjectiveConfig, k: int) -> dict[int, float]:
     warm start's best-of-k)."""
     if cfg.objective is Objective.MAX_AT_K_MIXTURE:
         return objectives.maxrl_weights(cfg.maxrl_t) if cfg.maxrl_t else dict(cfg.mixture_weights)
-    one = cfg.objective in (Objective.MEAN, Objective.BON_DISTILL)
+    one = cfg.objective in (Objective.MEAN, Objective.BON_DISTILL, Objective.MAXRL_PRACTICAL)
     return {1 if one else k: 1.0}
 
 
@@ -174,7 +201,8 @@ def objective_value(cfg: ObjectiveConfig, k: int | None, scores, answer_ids=None
     of kjax's unbiased estimate from the N samples of each (scores [B, N]; answer_ids
     [B, N] and target [B] for MAJORITY_AT_K). MEAN: the mean reward (max@1); MAX_AT_K: max@k
     (pass@k on binary rewards); MAJORITY_AT_K: maj@k; MAX_AT_K_MIXTURE: sum_k w_k max@k;
-    BON_DISTILL: the mean reward (its own E[R] measures nothing against a moving anchor:
+    MAXRL_PRACTICAL: the mean reward (its target, MaxRL's J_{N-1}, depends on the training
+    N); BON_DISTILL: the mean reward (its own E[R] measures nothing against a moving anchor:
     with continuous rewards, E[(k - 1) log F(r)] = -(k - 1) for any policy whose own CDF
     is F).
     k: the k to score at (None: cfg.k). Raises when N cannot serve a k of the objective.

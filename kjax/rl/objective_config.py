@@ -12,6 +12,11 @@ from collections.abc import Mapping
 
 from kjax._fields import check_int, coerce_enum, is_real
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
+from kjax.objectives.shrinkage import SHRINKABLE
+
+# dataclasses.field metadata of a field added after runs were written: kjax.rl.config.to_json
+# leaves it out of the run's identity while it holds its default, so those runs resume.
+IDENTITY_IF_SET = {"identity": "if_set"}
 
 
 class Objective(enum.Enum):
@@ -26,6 +31,24 @@ class Objective(enum.Enum):
     MAJORITY_AT_K = "majority_at_k"
     MAX_AT_K_MIXTURE = "max_at_k_mixture"
     BON_DISTILL = "bon_distill"
+    # MaxRL's per-group form of SkyRL and prime-rl, (r_i - mean r) / mean r (rewards >= 0):
+    # on binary rewards unbiased for the truncated mixture at T = N - 1 (docs/estimators.md
+    # section 2.12); k = 1.
+    MAXRL_PRACTICAL = "maxrl_practical"
+
+
+class RewardSource(enum.Enum):
+    """Where the objective's rewards come from.
+
+    VERIFIER: the task's verifier against the reference answer (the default).
+    MAJORITY_VOTE: label-free (TTRL, Zuo et al. 2025): 1/m for a sample whose answer class
+      is one of the m classes with the most votes in its group, else 0
+      (kjax.objectives.pseudo_label; docs/estimators.md section 6). Held-out metrics still
+      use the verifier.
+    """
+
+    VERIFIER = "verifier"
+    MAJORITY_VOTE = "majority_vote"
 
 
 class KScheduleKind(enum.Enum):
@@ -129,6 +152,16 @@ class ObjectiveConfig:
     majority_centered: MAJORITY_AT_K subtracts the group mean (Tang et al.'s biased variant).
     mixture_weights: MAX_AT_K_MIXTURE's ((k, w_k), ...); or maxrl_t = T for w_k = 1/k,
       k <= T (MaxRL, Tajwar, Zeng et al. 2026). Exactly one of the two is set.
+    max_at_k_shrinkage: MAX_AT_K and MAX_AT_K_MIXTURE with LOO, L2O or LOO_MINUS_ONE: the
+      estimator's leave-one-out baseline shrunk toward the other prompts of the batch
+      (kjax.objectives.shrink_max_at_k_advantages; unbiased, couples the batch).
+    reward: RewardSource, the rewards the objective is computed on (MAJORITY_VOTE: TTRL's
+      label-free vote; any objective but MAJORITY_AT_K).
+    min_agreement: MAJORITY_VOTE only: groups whose plurality holds fewer than this
+      fraction of the N samples get no label (all rewards 0); 0 labels every group.
+
+    The last three fields were added after runs had been written; at their defaults they
+    are left out of the run's identity (kjax.rl.config.to_json), so those runs resume.
     """
 
     objective: Objective = Objective.MEAN
@@ -138,19 +171,25 @@ class ObjectiveConfig:
     majority_centered: bool = False
     mixture_weights: tuple[tuple[int, float], ...] = ()
     maxrl_t: int = 0
+    max_at_k_shrinkage: bool = dataclasses.field(default=False, metadata=IDENTITY_IF_SET)
+    reward: RewardSource = dataclasses.field(
+        default=RewardSource.VERIFIER, metadata=IDENTITY_IF_SET
+    )
+    min_agreement: float = dataclasses.field(default=0.0, metadata=IDENTITY_IF_SET)
 
     def __post_init__(self):
         for field, cls in (
             ("objective", Objective),
             ("mean_baseline", MeanBaseline),
             ("max_at_k_estimator", MaxAtKEstimator),
+            ("reward", RewardSource),
         ):
             value = coerce_enum(getattr(self, field), cls, f"ObjectiveConfig.{field}")
             object.__setattr__(self, field, value)
         object.__setattr__(self, "k", check_int(self.k, "ObjectiveConfig.k", 1))
         object.__setattr__(self, "mixture_weights", _mixture_weights(self.mixture_weights))
         object.__setattr__(self, "maxrl_t", check_int(self.maxrl_t, "ObjectiveConfig.maxrl_t", 0))
-        one_k = (Objective.MEAN, Objective.MAX_AT_K_MIXTURE)
+        one_k = (Objective.MEAN, Objective.MAX_AT_K_MIXTURE, Objective.MAXRL_PRACTICAL)
         if self.objective in one_k and self.k != 1:
             raise ValueError(
                 f"`ObjectiveConfig.k`={self.k} but objective is {self.objective.name}, whose k "
@@ -180,10 +219,42 @@ class ObjectiveConfig:
                 "(the n of vBoN / BOND), and best-of-1 is the policy itself; set k >= 2, "
                 "e.g. k=8."
             )
-        if not isinstance(self.majority_centered, bool):
+        for field in ("majority_centered", "max_at_k_shrinkage"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(
+                    f"`ObjectiveConfig.{field}` must be a bool; got {getattr(self, field)!r}."
+                )
+        self._check_shrinkage_and_reward()
+
+    def _check_shrinkage_and_reward(self) -> None:
+        if self.max_at_k_shrinkage and not (
+            self.objective in (Objective.MAX_AT_K, Objective.MAX_AT_K_MIXTURE)
+            and self.max_at_k_estimator in SHRINKABLE
+        ):
+            names = "/".join(e.name for e in SHRINKABLE)
             raise ValueError(
-                "`ObjectiveConfig.majority_centered` must be a bool; got "
-                f"{self.majority_centered!r}."
+                "`ObjectiveConfig.max_at_k_shrinkage` shrinks the leave-one-out baseline of "
+                f"MAX_AT_K or MAX_AT_K_MIXTURE with estimator {names}; got objective "
+                f"{self.objective.name}, estimator {self.max_at_k_estimator.name}. For the "
+                "mean objective use mean_baseline=shrinkage."
+            )
+        agreement = self.min_agreement
+        if isinstance(agreement, bool) or not is_real(agreement) or not 0 <= agreement <= 1:
+            raise ValueError(
+                f"`ObjectiveConfig.min_agreement` must be a float in [0, 1]; got {agreement!r}."
+            )
+        object.__setattr__(self, "min_agreement", float(agreement))
+        vote = self.reward is RewardSource.MAJORITY_VOTE
+        if vote and self.objective is Objective.MAJORITY_AT_K:
+            raise ValueError(
+                "`ObjectiveConfig.reward`=MAJORITY_VOTE scores samples against the group's own "
+                "vote, and MAJORITY_AT_K needs a reference answer to vote against; use "
+                "objective=mean or max_at_k with reward=majority_vote (TTRL)."
+            )
+        if not vote and self.min_agreement:
+            raise ValueError(
+                f"`ObjectiveConfig.min_agreement`={self.min_agreement} is only read with "
+                "reward=majority_vote; unset it or set reward=majority_vote."
             )
 
     def mixture_ks(self) -> tuple[int, ...]:
@@ -197,6 +268,14 @@ class ObjectiveConfig:
         n = check_int(n, "N (samples per prompt)", 1)
         ks = (self.k,) if schedule is None else schedule.values()
         field = "ObjectiveConfig.k" if schedule is None else "KSchedule k_start/k_end"
+        if self.objective is Objective.MAXRL_PRACTICAL:
+            if ks != (1,):
+                raise ValueError(
+                    f"`{field}` must be 1 for objective MAXRL_PRACTICAL; got k in {ks}."
+                )
+            if n < 2:
+                raise ValueError("`N (samples per prompt)`: MAXRL_PRACTICAL needs N >= 2.")
+            return
         if self.objective is Objective.MEAN:
             if ks != (1,):
                 raise ValueError(f"`{field}` must be 1 for objective MEAN; got k in {ks}.")

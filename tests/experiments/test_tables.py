@@ -20,7 +20,7 @@ from experiments.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpolicy_table",
-           "dco_sft_table", "estimators_2026_table", "smollm2_passk")  # fmt: skip
+           "dco_sft_table", "estimators_2026_table", "smollm2_passk", "ttrl_table")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
