@@ -22,6 +22,23 @@ Scorers (higher is better; ties go to the lower original candidate index):
   - Scorer.SELF_CERTAINTY: mean over the tokens so far of KL(Uniform_V || softmax(logits))
     of the raw model's next-token distribution (Kang et al. 2025; the per-token quantity of
     `kjax.inference.self_certainty`, accumulated during decoding so no logits are kept).
+  - Scorer.ST_BON: Self-Truncation Best-of-N's rule (Wang et al., "Sampling-Efficient
+    Test-Time Scaling: Self-Estimating the Best-of-N Sampling in Early Decoding", NeurIPS
+    2025, arXiv 2503.01422) as its authors' code computes it (github.com/Alsace08/ST-BoN,
+    decoders.py; only the paper's abstract could be read here). The earliest estimation
+    time c is the first completion length at which the n prefixes of a prompt are pairwise
+    distinct (or one has stopped). At each length t in (c, c + tau], tau = c, every
+    candidate's hidden-state trajectory (embedding and each layer's output, the last one
+    final-normed, averaged over the candidate's forward passes so far, the shared
+    prefill's included) gives a Chain-of-Embedding feature F (`coe_features`); the
+    candidate with the least mean squared gap (F_i - F_j)^2 to the others
+    (`coe_dispersion`) gets one vote. The score is the vote count (ties: lower index, as
+    the authors' winner rule). kjax's stages are static, so the decision step comes from
+    the schedule, not from c + tau: votes past it are not cast, a prompt with no vote by
+    then gets one at the decision step, and a decision later than c + tau pays for
+    candidates the authors' code would already have truncated. Also unlike their code, a
+    candidate stops accumulating hidden states when it stops (transformers keeps feeding
+    it padding). The feature work (O(n L D) per step) is not counted in `flops`.
   - any host callable `scorer(partial: Rollouts, candidates, step) -> [B, n] scores`
     (e.g. a reward model on the detokenized partial text): stages are separate jitted
     calls, so it runs on the host between them.
@@ -62,6 +79,7 @@ class Scorer(enum.Enum):
 
     MEAN_LOGPROB = "mean_logprob"
     SELF_CERTAINTY = "self_certainty"
+    ST_BON = "st_bon"
 
 
 HostScorer = Callable[[Rollouts, np.ndarray, int], "np.ndarray | jax.Array"]
@@ -84,11 +102,25 @@ class PrunedRollouts(NamedTuple):
     flops: np.ndarray
 
 
+class _StBon(NamedTuple):
+    """ST-BoN's running state (Scorer.ST_BON in the module docstring): hidden [B,n,L+1,D]
+    float32, the sum of each candidate's hidden states over its forward passes; passes
+    [B,n] int32, their count; same [B,n,n] bool, prefixes i and j equal so far; diverged
+    [B] int32, the earliest estimation time c (0: not yet); votes [B,n] int32."""
+
+    hidden: jax.Array
+    passes: jax.Array
+    same: jax.Array
+    diverged: jax.Array
+    votes: jax.Array
+
+
 class _State(NamedTuple):
     """Carry of the decode loops: step (index of the token drawn next), done [B,n],
     own_k/own_v [L,B*n,C,K,E], out (Rollouts buffers [B,n,T]), certainty [B,n] (sum of
     the per-token self-certainty of the recorded tokens), candidates [B,n] int32 (original
-    indices, which pick each row's uniforms)."""
+    indices, which pick each row's uniforms), st (_StBon, or None unless the scorer is
+    Scorer.ST_BON: hidden states cost a [B,n,L+1,D] carry and a feature pass per step)."""
 
     step: jax.Array
     done: jax.Array
@@ -97,6 +129,7 @@ class _State(NamedTuple):
     out: Rollouts
     certainty: jax.Array
     candidates: jax.Array
+    st: _StBon | None
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -136,6 +169,71 @@ def _account(config: LlamaConfig, lengths: np.ndarray, prompt_len: np.ndarray):
     return lengths.sum(-1), flops
 
 
+# ----------------------------------------------------------------------------- ST-BoN
+
+
+def coe_features(hidden):
+    """Chain-of-Embedding feature [...] of hidden-state trajectories hidden [..., L+1, D]
+    (embedding, then each layer; ST-BoN feeds the mean over a candidate's tokens):
+
+      F = mean_l ||h_l - h_{l+1}|| / ||h_0 - h_L|| - angle(h_l, h_{l+1}) / angle(h_0, h_L),
+
+    angles by arccos of the cosine clipped to +-(1 - 1e-7), norms floored at 1e-8 (as the
+    ST-BoN authors' code, github.com/Alsace08/ST-BoN, decoders.py CoECalculator)."""
+    norm = lambda x: jnp.maximum(jnp.linalg.norm(x, axis=-1), 1e-8)
+
+    def angle(a, b):
+        cos = jnp.sum(a * b, axis=-1) / (norm(a) * norm(b))
+        return jnp.arccos(jnp.clip(cos, -1.0 + 1e-7, 1.0 - 1e-7))
+
+    h0, hL = hidden[..., 0, :], hidden[..., -1, :]
+    cur, nxt = hidden[..., :-1, :], hidden[..., 1:, :]
+    step_norm = jnp.linalg.norm(cur - nxt, axis=-1) / norm(h0 - hL)[..., None]
+    step_angle = angle(cur, nxt) / jnp.maximum(angle(h0, hL), 1e-8)[..., None]
+    return jnp.mean(step_norm - step_angle, axis=-1)
+
+
+def coe_dispersion(features):
+    """ST-BoN's inconsistency [B,m] of each candidate: mean over the other candidates j of
+    (F_i - F_j)^2, features [B,m]; 0 when m = 1. The most consistent candidate has the least."""
+    m = features.shape[-1]
+    gaps = jnp.square(features[..., :, None] - features[..., None, :])
+    return jnp.sum(gaps, axis=-1) / max(m - 1, 1)
+
+
+def _st_bon_winner(st: _StBon):
+    """One-hot [B,m] int32 of the candidate whose mean hidden trajectory so far is the most
+    consistent with the others' (least coe_dispersion; ties: lowest row)."""
+    mean = st.hidden / jnp.maximum(st.passes, 1)[..., None, None]
+    best = jnp.argmin(coe_dispersion(coe_features(mean)), axis=-1)
+    return jax.nn.one_hot(best, st.votes.shape[-1], dtype=jnp.int32)
+
+
+def _st_bon_update(st: _StBon, hidden, live, token, stopped, length) -> _StBon:
+    """Adds one forward pass: hidden [B,m,L+1,D] of the pass that drew `token` [B,m] (the
+    recorded token, 0 once stopped), live [B,m] (rows still generating before it),
+    stopped [B,m] (a stop id just drawn), length: tokens generated after it. Sets the
+    earliest estimation time c when all prefixes first differ (or a candidate stops) and
+    casts one vote at each length in (c, c + tau], tau = c (the paper's tau_coeff = 1)."""
+    m = live.shape[-1]
+    hidden_sum = st.hidden + jnp.where(live[..., None, None], hidden, 0.0)
+    passes = st.passes + live.astype(jnp.int32)
+    same = st.same & (token[:, :, None] == token[:, None, :])
+    distinct = ~jnp.any(same & ~jnp.eye(m, dtype=bool), axis=(1, 2))
+    first = (st.diverged == 0) & (distinct | jnp.any(stopped, axis=-1))
+    diverged = jnp.where(first, length, st.diverged)
+    st = _StBon(hidden_sum, passes, same, diverged, st.votes)
+    window = (diverged > 0) & (length > diverged) & (length <= 2 * diverged)
+    return st._replace(votes=st.votes + jnp.where(window[:, None], _st_bon_winner(st), 0))
+
+
+def _st_bon_scores(st: _StBon):
+    """[B,m] float32 ST-BoN scores at a decision step: the votes; a prompt whose window cast
+    none (no divergence yet, or c = the decision step) gets one vote at this step."""
+    none = jnp.sum(st.votes, axis=-1, keepdims=True) == 0
+    return (st.votes + jnp.where(none, _st_bon_winner(st), 0)).astype(jnp.float32)
+
+
 # ----------------------------------------------------------------------------- jitted stages
 
 
@@ -163,17 +261,20 @@ def _uniforms(key, step, candidates, n_total: int):
     return jnp.take_along_axis(u, candidates, axis=1).reshape(-1)
 
 
-_OPTIONS = ("config", "n", "max_new_tokens", "top_k", "top_p", "stop_ids", "greedy", "dtype")
+_OPTIONS = tuple("config n max_new_tokens top_k top_p stop_ids greedy dtype st_bon".split())
 
 
 @functools.partial(jax.jit, static_argnames=_OPTIONS)
 def _start(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfig, n: int,
            max_new_tokens: int, top_k: int, top_p: float, stop_ids: tuple[int, ...],
-           greedy: bool, dtype):  # fmt: skip
-    """Prefill and token 0 of all n candidates: (PromptCache, _State at step 1)."""
+           greedy: bool, dtype, st_bon: bool):  # fmt: skip
+    """Prefill and token 0 of all n candidates: (PromptCache, _State at step 1).
+    st_bon: carry ST-BoN's state (hidden states of every pass)."""
     B, _ = prompts.shape
     T, L = max_new_tokens, config.num_layers
-    logits, prompt = sampling.prefill(params, config, prompts, prompt_mask.astype(bool), dtype)
+    prefilled = sampling.prefill(params, config, prompts, prompt_mask.astype(bool), dtype,
+                                 with_hidden=st_bon)  # fmt: skip
+    logits, prompt = prefilled[:2]
     candidates = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
     logits = jnp.repeat(logits, n, axis=0)
     u = _uniforms(key, 0, candidates, n)
@@ -185,13 +286,21 @@ def _start(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfi
                                  *(a.reshape(B, n) for a in first), stop_ids)  # fmt: skip
     own = jnp.zeros((L, B * n, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
     certainty = _certainty(logits).reshape(B, n)
-    return prompt, _State(jnp.int32(1), done, own, own, out, certainty, candidates)
+    st = None
+    if st_bon:
+        D = config.hidden_size
+        hidden = jnp.broadcast_to(prefilled[2].transpose(1, 0, 2)[:, None], (B, n, L + 1, D))
+        st = _StBon(jnp.zeros_like(hidden), jnp.zeros((B, n), jnp.int32),
+                    jnp.ones((B, n, n), bool), jnp.zeros((B,), jnp.int32),
+                    jnp.zeros((B, n), jnp.int32))  # fmt: skip
+        st = _st_bon_update(st, hidden, jnp.ones((B, n), bool), out.tokens[:, :, 0], done, 1)
+    return prompt, _State(jnp.int32(1), done, own, own, out, certainty, candidates, st)
 
 
 @functools.partial(jax.jit, static_argnames=(*_OPTIONS, "start", "end"))
 def _decode(params, prompt: PromptCache, state: _State, key, temperature, *,
             config: LlamaConfig, n: int, max_new_tokens: int, top_k: int, top_p: float,
-            stop_ids: tuple[int, ...], greedy: bool, dtype, start: int,
+            stop_ids: tuple[int, ...], greedy: bool, dtype, st_bon: bool, start: int,
             end: int) -> _State:  # fmt: skip
     """Decodes steps [start, end) of the current candidates (or until all stopped), with
     kjax.sampling's decode phases (own-K/V windows) restricted to those steps. `n` is the
@@ -209,8 +318,9 @@ def _decode(params, prompt: PromptCache, state: _State, key, temperature, *,
 
         def body(s: _State, window=window):
             fed = jax.lax.dynamic_index_in_dim(s.out.tokens, s.step - 1, 2, keepdims=False)
-            logits, k, v = sampling._decode_logits(params, config, prompt, s.own_k, s.own_v,
-                                                   fed, s.step, window, dtype)  # fmt: skip
+            passed = sampling._decode_logits(params, config, prompt, s.own_k, s.own_v, fed,
+                                             s.step, window, dtype, with_hidden=st_bon)  # fmt: skip
+            logits, k, v = passed[:3]
             at = (0, 0, s.step - 1, 0, 0)
             own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
             own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
@@ -219,7 +329,13 @@ def _decode(params, prompt: PromptCache, state: _State, key, temperature, *,
             out, done = sampling._record(s.out, s.step, s.done,
                                          *(a.reshape(B, m) for a in drawn), stop_ids)  # fmt: skip
             gain = jnp.where(s.done, 0.0, _certainty(logits).reshape(B, m))
-            return _State(s.step + 1, done, own_k, own_v, out, s.certainty + gain, s.candidates)
+            st = s.st
+            if st_bon:
+                hidden = passed[3].reshape(-1, B, m, config.hidden_size).transpose(1, 2, 0, 3)
+                token = jax.lax.dynamic_index_in_dim(out.tokens, s.step, 2, keepdims=False)
+                st = _st_bon_update(st, hidden, ~s.done, token, done & ~s.done, s.step + 1)
+            return _State(s.step + 1, done, own_k, own_v, out, s.certainty + gain,
+                          s.candidates, st)  # fmt: skip
 
         state = jax.lax.while_loop(cond, body, state)
     return state
@@ -228,6 +344,8 @@ def _decode(params, prompt: PromptCache, state: _State, key, temperature, *,
 @functools.partial(jax.jit, static_argnames=("scorer",))
 def _device_scores(state: _State, scorer: Scorer):
     """[B,m] float32 scores of the partial candidates (mean over their valid tokens)."""
+    if scorer is Scorer.ST_BON:
+        return _st_bon_scores(state.st)
     count = jnp.maximum(state.out.mask.sum(-1), 1)
     if scorer is Scorer.MEAN_LOGPROB:
         total = jnp.sum(jnp.where(state.out.mask, state.out.model_logprobs, 0.0), axis=-1)
@@ -254,8 +372,12 @@ def _prune(state: _State, scores, keep: int):
 
     out = Rollouts(*(rows(a) for a in state.out))
     kept = jnp.zeros((B, m), bool).at[jnp.arange(B)[:, None], idx].set(True)
+    st = state.st
+    if st is not None:  # `same` is [B,m,m]: survivors' rows, then their columns
+        same = jnp.take_along_axis(rows(st.same), idx[:, None, :], axis=2)
+        st = _StBon(rows(st.hidden), rows(st.passes), same, st.diverged, rows(st.votes))
     new = _State(state.step, rows(state.done), kv(state.own_k), kv(state.own_v), out,
-                 rows(state.certainty), rows(state.candidates))  # fmt: skip
+                 rows(state.certainty), rows(state.candidates), st)  # fmt: skip
     return new, kept
 
 
@@ -330,7 +452,7 @@ def sample_pruned(params, prompts, prompt_mask, key, temperature=1.0, *, config:
     T = max_new_tokens
     options = dict(config=config, n=n, max_new_tokens=T, top_k=int(top_k), top_p=float(top_p),
                    stop_ids=tuple(int(i) for i in stop_ids), greedy=bool(greedy),
-                   dtype=dtype)  # fmt: skip
+                   dtype=dtype, st_bon=scorer is Scorer.ST_BON)  # fmt: skip
     prompts = jnp.asarray(prompts, jnp.int32)
     prompt_mask = jnp.asarray(prompt_mask, bool)
     temperature = jnp.asarray(temperature, jnp.float32)

@@ -166,36 +166,54 @@ class PromptCache(NamedTuple):
     next_pos: jax.Array
 
 
-def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32):
+def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32,
+            with_hidden: bool = False):  # fmt: skip
     """Runs B prompts once: (next-token logits [B,V] float32, PromptCache).
 
     prompts: [B,S] int32; prompt_mask: [B,S] bool, any padding pattern (left is usual).
+    with_hidden (static): also return the hidden states [L+1,B,D] float32 of each row's
+    last real token (see `hidden_trajectory`), as a third element.
     """
     B, S = prompts.shape
     positions = llama.default_positions(prompt_mask)
     mask = jnp.tril(jnp.ones((S, S), bool))[None] & prompt_mask[:, None, :]
     cos, sin = llama.rope_tables(config, positions)
+    last = S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)  # last real token of each row
+    at_last = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B,1,D]
 
     def block(x, layer):
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
-        return llama.layer_out(layer, config, x, llama.attention(q, k, v, mask)), (k, v)
+        x = llama.layer_out(layer, config, x, llama.attention(q, k, v, mask))
+        return x, ((k, v, at_last(x)[:, 0]) if with_hidden else (k, v))
 
-    x, (k, v) = jax.lax.scan(block, llama.embed(params, prompts, dtype), params["layers"])
-    last = S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)  # last real token of each row
-    x_last = jnp.take_along_axis(x, last[:, None, None], axis=1)  # unembed one position only
+    x0 = llama.embed(params, prompts, dtype)
+    x, ys = jax.lax.scan(block, x0, params["layers"])
+    x_last = at_last(x)  # unembed one position only
     logits = llama.unembed(params, config, x_last)[:, 0]
-    return logits, PromptCache(k, v, prompt_mask, positions[jnp.arange(B), last] + 1)
+    cache = PromptCache(ys[0], ys[1], prompt_mask, positions[jnp.arange(B), last] + 1)
+    if not with_hidden:
+        return logits, cache
+    return logits, cache, hidden_trajectory(params, config, at_last(x0)[:, 0], ys[2])
+
+
+def hidden_trajectory(params, config: LlamaConfig, x0, per_layer):
+    """Hidden states [L+1,R,D] float32 of one position through the network, in
+    transformers' `output_hidden_states` convention: the token embedding x0 [R,D], then
+    each layer's output (per_layer [L,R,D]), the last one after the final norm."""
+    last = llama.rms_norm(per_layer[-1], params["final_norm"], config.rms_norm_eps)
+    return jnp.concatenate([x0[None], per_layer[:-1], last[None]]).astype(jnp.float32)
 
 
 def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, step, window,
-                   dtype):  # fmt: skip
+                   dtype, with_hidden: bool = False):  # fmt: skip
     """Feeds token `step - 1` of every sample: tokens [B,N] -> (logits [B*N,V], k, v
     [L,B*N,1,K,E] of the fed token). Attention = prompt K/V (shared by the N samples of a
     prompt: they are the query axis) + own K/V slots [0, step-1) read from a static
-    `window` + the fed token itself, merged by log-sum-exp."""
+    `window` + the fed token itself, merged by log-sum-exp. with_hidden (static): also
+    return the fed token's hidden states [L+1,B*N,D] float32 (`hidden_trajectory`)."""
     B, N = tokens.shape
     H, E = config.num_heads, config.head_dim
-    x = llama.embed(params, tokens.reshape(B * N, 1), dtype)
+    x0 = llama.embed(params, tokens.reshape(B * N, 1), dtype)
     pos = jnp.repeat(prompt.next_pos, N) + step - 1
     cos, sin = llama.rope_tables(config, pos[:, None])
     prompt_mask = jnp.broadcast_to(prompt.mask[:, None, :], (B, N, prompt.mask.shape[1]))
@@ -211,11 +229,15 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
             llama.attention(q, ok[:, :window], ov[:, :window], past_mask, with_lse=True),
             llama.attention(q, k, v, self_mask, with_lse=True),
         ]
-        return llama.layer_out(layer, config, x, llama.merge_attention(parts)), (k, v)
+        x = llama.layer_out(layer, config, x, llama.merge_attention(parts))
+        return x, ((k, v, x[:, 0]) if with_hidden else (k, v))
 
     xs = (params["layers"], prompt.k, prompt.v, own_k, own_v)
-    x, (k, v) = jax.lax.scan(block, x, xs)
-    return llama.unembed(params, config, x)[:, 0], k, v
+    x, ys = jax.lax.scan(block, x0, xs)
+    logits = llama.unembed(params, config, x)[:, 0]
+    if not with_hidden:
+        return logits, ys[0], ys[1]
+    return logits, ys[0], ys[1], hidden_trajectory(params, config, x0[:, 0], ys[2])
 
 
 # ----------------------------------------------------------------------------- sampler

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 from kjax import pruned_sampling, sampling
 from kjax.inference import self_certainty
@@ -17,8 +18,13 @@ SCHEDULE = ((5, 4), (17, 2))  # the second decision falls inside the second deco
 
 
 @pytest.fixture(scope="module")
-def model():
-    return kjax_from_hf(random_hf_model(seed=0))
+def hf_model():
+    return random_hf_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def model(hf_model):
+    return kjax_from_hf(hf_model)
 
 
 def _prompts(B=3, S=6, seed=0):
@@ -113,7 +119,7 @@ def _self_certainty(model, ref, step):
     return np.asarray(self_certainty(logits, np.asarray(ref.mask)[..., :step]), np.float64)
 
 
-@pytest.mark.parametrize("scorer", list(Scorer))
+@pytest.mark.parametrize("scorer", [Scorer.MEAN_LOGPROB, Scorer.SELF_CERTAINTY])
 def test_kept_candidates_are_the_top_by_score(model, scorer):
     key = jax.random.key(11)
     ref = _unpruned(model, key)
@@ -232,3 +238,77 @@ def test_bad_host_scorer_shape_raises(model):
     with pytest.raises(ValueError, match="host scorer returned shape"):
         _pruned(model, jax.random.key(0), schedule=SCHEDULE,
                 scorer=lambda partial, c, step: np.zeros((3,)))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- ST-BoN
+
+
+def _hf_hidden(hf_model, ref, steps):
+    """transformers' hidden states [B,n,steps,L+1,D] float64 of the passes that drew tokens
+    0..steps-1 (the last prompt position, then each fed token), from one full forward."""
+    prompts, mask = _prompts()
+    B, n, _ = ref.tokens.shape
+    tokens = np.asarray(ref.tokens)[..., : steps - 1].reshape(B * n, steps - 1)
+    seq = np.concatenate([np.repeat(prompts, n, 0), tokens], axis=1)
+    seq_mask = np.concatenate([np.repeat(mask, n, 0), np.ones_like(tokens, bool)], axis=1)
+    positions = np.maximum(np.cumsum(seq_mask, axis=-1) - 1, 0)
+    with torch.no_grad():
+        out = hf_model(input_ids=torch.tensor(seq), attention_mask=torch.tensor(seq_mask),
+                       position_ids=torch.tensor(positions), output_hidden_states=True)  # fmt: skip
+    hidden = np.stack([h.double().numpy() for h in out.hidden_states], axis=2)  # [Bn,S',L+1,D]
+    S = prompts.shape[1]
+    return hidden[:, S - 1 :].reshape(B, n, steps, *hidden.shape[2:])
+
+
+def _coe_reference(hs):
+    """The authors' CoECalculator on hs [L+1,N,D] in float64: features [N] -> scores [N]."""
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-8)
+    angle = lambda a, b: np.arccos(np.clip((unit(a) * unit(b)).sum(-1), -1 + 1e-7, 1 - 1e-7))
+    h0, hL = hs[0], hs[-1]
+    M = np.linalg.norm(hs[:-1] - hs[1:], axis=-1) / np.linalg.norm(h0 - hL, axis=-1)
+    A = angle(hs[:-1], hs[1:]) / angle(h0, hL)
+    F = (M - A).mean(0)
+    return ((F[:, None] - F[None, :]) ** 2).sum(1) / (len(F) - 1)
+
+
+def _st_bon_votes(hidden, tokens, decision):
+    """ST-BoN's votes [n] for one prompt, the authors' stages 1-2 with tau = c, truncated
+    at the decision step: hidden [n,decision,L+1,D], tokens [n,>=decision] (no stops)."""
+    n = tokens.shape[0]
+    prefixes = [{tuple(r) for r in tokens[:, :g].tolist()} for g in range(1, decision + 1)]
+    distinct = [len(p) == n for p in prefixes]
+    votes = np.zeros(n, int)
+    if any(distinct):
+        c = 1 + distinct.index(True)
+        for end in range(c + 1, min(2 * c, decision) + 1):
+            votes[np.argmin(_coe_reference(hidden[:, :end].mean(1).transpose(1, 0, 2)))] += 1
+    if votes.sum() == 0:
+        votes[np.argmin(_coe_reference(hidden.mean(1).transpose(1, 0, 2)))] += 1
+    return votes
+
+
+def test_coe_features_of_a_straight_trajectory():
+    """h_l = (l + 1) u: each step is 1/L of the way and no turn, so F = 1/L - 1."""
+    L, u = 4, np.array([0.3, -1.0, 2.0], np.float32)
+    hidden = np.arange(1, L + 2, dtype=np.float32)[:, None] * u
+    got = pruned_sampling.coe_features(jnp.asarray(hidden))
+    np.testing.assert_allclose(got, 1 / L - 1, rtol=1e-6)
+    features = jnp.asarray([[0.0, 1.0, 3.0]])
+    np.testing.assert_allclose(pruned_sampling.coe_dispersion(features), [[5.0, 2.5, 6.5]])
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_st_bon_keeps_the_most_voted_by_hf_hidden_states(model, hf_model, keep):
+    """Against the authors' rule on transformers' hidden states: c, the (c, 2c] window, the
+    per-step CoE consistency vote, ties to the lowest index."""
+    key, decision = jax.random.key(7), 12
+    ref = _unpruned(model, key, temperature=1.2)
+    got = _pruned(model, key, temperature=1.2, schedule=((decision, keep),),
+                  scorer=Scorer.ST_BON)  # fmt: skip
+    hidden = _hf_hidden(hf_model, ref, decision)
+    tokens = np.asarray(ref.tokens)
+    for b in range(3):
+        votes = _st_bon_votes(hidden[b], tokens[b], decision)
+        expected = np.sort(np.argsort(-votes, kind="stable")[:keep])
+        np.testing.assert_array_equal(np.asarray(got.candidates)[b], expected)
+    _assert_rows_equal(got.rollouts, ref, got.candidates)

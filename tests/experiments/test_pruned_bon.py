@@ -1,0 +1,113 @@
+"""experiments.pruned_bon --smoke: files written, plain BoN's compute reproduced by the
+unpruned draw and by a hand count of the plain sampler, pruning cheaper, accuracies valid."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import pruned_bon as pb
+from kjax import pruned_sampling, sampling
+from kjax.rl import task as task_lib
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("pruned_bon")
+    assert pb.main([f"--workdir={workdir}", "--smoke"]) == 0
+    rows = [json.loads(line) for line in (workdir / "pruned_bon.jsonl").read_text().splitlines()]
+    return workdir, rows
+
+
+def _split(rows):
+    bon = {r["n"]: r for r in rows if r["kind"] == "bon"}
+    pruned = [r for r in rows if r["kind"] == "pruned"]
+    return bon, pruned
+
+
+def test_files_are_written(smoke):
+    workdir, rows = smoke
+    assert (workdir / "pruned_bon.png").stat().st_size > 1000
+    text = (workdir / "pruned_bon.md").read_text()
+    assert "BoN-N's accuracy at a fraction of its compute" in text
+    bon, pruned = _split(rows)
+    N = max(pb.SMOKE.ns)
+    assert sorted(bon) == list(range(1, N + 1))
+    rules = {r["rule"] for r in pruned}
+    assert rules == {pb.PLAIN, *pb.RULES}
+    per_rule = len(pb.schedules(N, pb.SMOKE.decisions))
+    assert all(sum(r["rule"] == rule for r in pruned) == per_rule for rule in pb.RULES)
+    for rule in pb.RULES:  # one headline row per (selector, BoN N, rule)
+        rows_of = sum(f"| {rule} |" in line for line in text.splitlines())
+        assert rows_of == len(pb.SELECTORS) * len(pb.SMOKE.ns) + per_rule
+
+
+def test_no_pruning_reproduces_plain_bon_compute(smoke):
+    _, rows = smoke
+    bon, pruned = _split(rows)
+    N = max(pb.SMOKE.ns)
+    plain = next(r for r in pruned if r["rule"] == pb.PLAIN and r["n"] == N)
+    assert plain["schedule"] == []
+    assert plain["flops"] == pytest.approx(bon[N]["flops"], rel=1e-12)
+    assert plain["tokens"] == pytest.approx(bon[N]["tokens"], rel=1e-12)
+    for field in pb.SELECTORS.values():
+        assert plain[field] == pytest.approx(bon[N][field], abs=1e-6)
+    # BoN's compute is linear in n: prefill once, then n completions of the mean length.
+    flops = np.array([bon[n]["flops"] for n in sorted(bon)])
+    np.testing.assert_allclose(np.diff(flops), flops[1] - flops[0], rtol=1e-9)
+    np.testing.assert_allclose([bon[n]["tokens"] for n in sorted(bon)],
+                               bon[1]["tokens"] * np.arange(1, N + 1), rtol=1e-12)  # fmt: skip
+
+
+def test_plain_compute_equals_a_hand_count_of_the_plain_sampler(smoke):
+    """N full completions of kjax.sampling (same key): prefill + one pass per token after
+    the first, over the prompt's real tokens + the position."""
+    workdir, rows = smoke
+    params, config, task, cfg = pb.run_setup(workdir, workdir / "sft", smoke=True)
+    N, T = max(pb.SMOKE.ns), cfg.max_new_tokens
+    examples = list(task.test)[: pb.SMOKE.problems]
+    prompts, mask = task_lib.prompt_batch(task, examples)
+    key = jax.random.fold_in(jax.random.key(pb.SMOKE.seed), N)
+    ro = sampling.sample_params(params, jnp.asarray(prompts), jnp.asarray(mask), key,
+                                jnp.float32(1.0), config=config, n=N, max_new_tokens=T,
+                                stop_ids=task.stop_ids)  # fmt: skip
+    lengths, real = np.asarray(ro.lengths), mask.sum(-1)
+    flops = [pruned_sampling.prefill_flops(config, real[b])
+             + sum(pruned_sampling.decode_flops(config, real[b] + i)
+                   for length in lengths[b] for i in range(1, int(length)))
+             for b in range(len(examples))]  # fmt: skip
+    plain = next(r for r in rows if r.get("rule") == pb.PLAIN and r["n"] == N)
+    assert plain["flops"] == pytest.approx(float(np.mean(flops)), rel=1e-9)
+    assert plain["tokens"] == pytest.approx(float(lengths.sum(-1).mean()), rel=1e-12)
+
+
+def test_pruning_costs_less_and_accuracies_are_probabilities(smoke):
+    _, rows = smoke
+    bon, pruned = _split(rows)
+    plain = {r["n"]: r for r in pruned if r["rule"] == pb.PLAIN}
+    for r in pruned:
+        assert all(0.0 <= r[field] <= 1.0 for field in pb.SELECTORS.values())
+        if r["rule"] != pb.PLAIN:
+            assert r["flops"] < plain[r["n"]]["flops"] and r["tokens"] < plain[r["n"]]["tokens"]
+    assert all(0.0 <= r[f] <= 1.0 for r in bon.values() for f in pb.SELECTORS.values())
+
+
+def test_equal_compute_and_equal_accuracy_lookups():
+    bon = [{"n": n, "flops": f, "accuracy": a} for n, f, a in ((1, 1.0, 0.2), (2, 2.0, 0.4),
+                                                               (3, 3.0, 0.5))]  # fmt: skip
+    assert pb.bon_accuracy_at(bon, 2.5) == pytest.approx(0.45)
+    assert pb.bon_accuracy_at(bon, 3.5) is None
+    assert pb.bon_flops_at(bon, 0.3) == pytest.approx(1.5)
+    assert pb.bon_flops_at(bon, 0.1) == 1.0
+    assert pb.bon_flops_at(bon, 0.6) is None
+    rows = [{**r, "kind": "bon"} for r in bon] + [
+        {"kind": "pruned", "rule": "ST-BoN", "n": 3, "schedule": [[1, 1]], "flops": 0.9,
+         "accuracy": 0.5},
+        {"kind": "pruned", "rule": "ST-BoN", "n": 3, "schedule": [[2, 1]], "flops": 1.2,
+         "accuracy": 0.55},
+    ]  # fmt: skip
+    top = {h["rule"]: h for h in pb.headline(rows, (3,))}
+    assert top["ST-BoN"]["ratio"] == pytest.approx(0.3) and top["ST-BoN"]["config"][0] == 3
+    assert top["mean log-prob"]["ratio"] is None
