@@ -16,9 +16,9 @@ the 16 samples get no label). Two more arms, supervised and TTRL, start instead 
 strong warm start (5000 SFT steps instead of 1500; the same data and model): from the
 1500-step warm start the vote is wrong in most groups (maj@16 0.15), while from the strong
 one it is right in most (maj@16 about 0.8), which is the regime TTRL assumes (a base model
-whose majority answer is usually right). Claims 7a'-7c' ask 7a-7c again there; they were
-added after 7a-7c had run and come out opposite. Every arm trains on the same unlabelled training prompts and
-is evaluated on 1000 held-out test problems x 32 samples with the true labels; unlike the
+whose majority answer is usually right). Claims 8a'-8c' ask 8a-8c again there; they were
+added after 8a-8c had run and come out opposite. Every arm trains on the same unlabelled
+training prompts and is evaluated on 1000 held-out test problems x 32 samples with the true labels; unlike the
 paper, TTRL here does not train on the test prompts themselves (inductive, not
 transductive), so the test set measures what the label-free update learnt in general.
 
@@ -126,7 +126,7 @@ TABLE = harness.Table(
     ),
     claims=(
         Claim(
-            "7a",
+            "8a",
             "label-free RL raises pass@1 over the warm start (Zuo et al. 2025: TTRL "
             "'consistently improves performance')",
             "gain/pass@1",
@@ -134,7 +134,7 @@ TABLE = harness.Table(
             None,
         ),
         Claim(
-            "7b",
+            "8b",
             "TTRL's pass@1 surpasses the warm start's maj@16, the vote it trains on (Zuo et "
             "al. 2025: 'surpass the upper limit of the initial model maj@n')",
             "pass1_minus_start_maj16",
@@ -142,7 +142,7 @@ TABLE = harness.Table(
             None,
         ),
         Claim(
-            "7c",
+            "8c",
             "TTRL approaches supervised RL: its pass@1 at most 0.03 below (Zuo et al. 2025: "
             "'approach the performance of models trained ... with ground-truth labels')",
             "pass@1",
@@ -151,13 +151,13 @@ TABLE = harness.Table(
             ClaimKind.NONINFERIOR,
             margin=0.03,
         ),
-        # 7a'-7c' were added after 7a-7c had run: from the 1500-step warm start the vote is
+        # 8a'-8c' were added after 8a-8c had run: from the 1500-step warm start the vote is
         # wrong in 84% of the groups at the start and TTRL collapses, so the same claims are
         # asked again from a warm start whose vote is usually right (TTRL's premise).
         *(
             Claim(
                 f"{c}'",
-                f"{what} (strong warm start, added after 7a-7c)",
+                f"{what} (strong warm start, added after 8a-8c)",
                 metric,
                 STRONG_TTRL,
                 base_arm,
@@ -166,7 +166,7 @@ TABLE = harness.Table(
             )  # fmt: skip
             for c, what, metric, base_arm, kind, margin in (
                 (
-                    "7a",
+                    "8a",
                     "TTRL raises pass@1 over the warm start",
                     "gain/pass@1",
                     None,
@@ -174,7 +174,7 @@ TABLE = harness.Table(
                     0.0,
                 ),
                 (
-                    "7b",
+                    "8b",
                     "TTRL's pass@1 surpasses the warm start's maj@16",
                     "pass1_minus_start_maj16",
                     None,
@@ -182,7 +182,7 @@ TABLE = harness.Table(
                     0.0,
                 ),
                 (
-                    "7c",
+                    "8c",
                     "TTRL's pass@1 at most 0.03 below supervised RL's",
                     "pass@1",
                     STRONG_SUPERVISED,
