@@ -16,7 +16,9 @@ prompts of a batch of b groups (the toy has one prompt, so the b groups share it
 spread between prompts, so the shrinkage factor is large); MEAN[RLOO] and
 MEAN_B<b>[SHRINKAGE], the k = 1 baselines (target J_1'); MAXRL_PRACTICAL, MaxRL's
 per-group (r - mean) / mean / N, which on these continuous rewards targets no max@k
-mixture (it is a ratio estimate near grad log J_1, printed for comparison).
+mixture (it is a ratio estimate near grad log J_1, printed for comparison). It also writes
+variance_binary.md: on binary rewards, where MAXRL_PRACTICAL is unbiased for the mixture at
+T = N - 1, the exact variance of both by enumerating every outcome.
 """
 
 from __future__ import annotations
@@ -215,6 +217,64 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
     return results
 
 
+def binary_maxrl_variance(ps=(0.05, 0.2, 0.5), ns=(4, 8, 12)) -> list[dict]:
+    """Exact mean and variance, on binary rewards, of MaxRL's practical form against the
+    mixture it equals in expectation (docs/estimators.md section 2.12).
+
+    One prompt with success probability p = sigmoid(theta); every one of the 2^N outcomes is
+    enumerated (float64), and g = sum_i A_i d/dtheta log pi(y_i) = sum_i A_i (f_i - p) in
+    kjax's sum convention. Rows: MAXRL_PRACTICAL ((r - mean) / mean / N) and the mixture
+    with w_j = 1/j for j <= T = N - 1 with LOO_MINUS_ONE and with L2O; all three have mean
+    grad J_{N-1} = (1 - (1 - p)^(N-1)) (1 - p), returned as "target".
+    """
+    import itertools
+
+    specs = {
+        "MAXRL_PRACTICAL": lambda r, n: obj.maxrl_practical_advantages(r) / n,
+        "MAXRL_T(N-1)[LOO_MINUS_ONE]": lambda r, n: obj.max_at_k_mixture_advantages(
+            r, obj.maxrl_weights(n - 1), estimator=E.LOO_MINUS_ONE
+        ),
+        "MAXRL_T(N-1)[L2O]": lambda r, n: obj.max_at_k_mixture_advantages(
+            r, obj.maxrl_weights(n - 1), estimator=E.L2O
+        ),
+    }
+    out = []
+    with jax.enable_x64(True):
+        for n in ns:
+            f = np.array(list(itertools.product([0.0, 1.0], repeat=n)))  # [2^N, N]
+            advs = {name: np.asarray(fn(jnp.asarray(f), n)) for name, fn in specs.items()}
+            for p in ps:
+                prob = np.prod(np.where(f == 1, p, 1 - p), axis=1)
+                target = (1 - (1 - p) ** (n - 1)) * (1 - p)
+                for name, adv in advs.items():
+                    g = np.sum(adv * (f - p), axis=1)
+                    mean = float(prob @ g)
+                    var = float(prob @ (g - mean) ** 2)
+                    out.append(dict(estimator=name, N=n, p=p, mean=mean, var=var, target=target))
+    return out
+
+
+def binary_table(rows: list[dict]) -> str:
+    """The Markdown of binary_maxrl_variance: exact variance (mean) per (p, N)."""
+    cols = sorted({(r["p"], r["N"]) for r in rows})
+    names = list(dict.fromkeys(r["estimator"] for r in rows))
+    cell = {(r["estimator"], r["p"], r["N"]): r for r in rows}
+    lines = [
+        "Exact variance of the d/dtheta estimate on binary rewards, one prompt with success "
+        "probability p = sigmoid(theta), all 2^N outcomes (mean in brackets; every row's mean "
+        "is grad J_(N-1) = (1 - (1-p)^(N-1)) (1-p), the last row).",
+        "",
+        "| estimator | " + " | ".join(f"p={p:g}, N={n}" for p, n in cols) + " |",
+        "|" + "---|" * (len(cols) + 1),
+    ]
+    for name in names:
+        cells = [f"{cell[name, p, n]['var']:.4g} ({cell[name, p, n]['mean']:.4f})" for p, n in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    target = [f"{cell[names[0], p, n]['target']:.4f}" for p, n in cols]
+    lines += ["| grad J_(N-1) | " + " | ".join(target) + " |", ""]
+    return "\n".join(lines)
+
+
 def markdown_table(
     config: Config,
     rows: dict,
@@ -341,7 +401,8 @@ flags.DEFINE_bool(
     "extended",
     False,
     "Also the rows README's table lacks: SHRINK_B<b>[L2O], SHRINK_B<b>[LOO_MINUS_ONE], "
-    "MEAN[RLOO], MEAN_B<b>[SHRINKAGE], MAXRL_PRACTICAL.",
+    "MEAN[RLOO], MEAN_B<b>[SHRINKAGE], MAXRL_PRACTICAL; and variance_binary.md, MaxRL's "
+    "practical form against its mixture, exactly, on binary rewards.",
 )
 flags.DEFINE_integer(
     "shrinkage_batch", Config.shrinkage_batch, "Groups per batch for the shrinkage rows."
@@ -367,6 +428,10 @@ def main(argv) -> None:
     except ValueError as err:
         raise app.UsageError(str(err)) from err
     run(config, pathlib.Path(f.workdir))
+    if f.extended:  # MaxRL's practical form against its mixture, exactly, on binary rewards
+        table = binary_table(binary_maxrl_variance())
+        (pathlib.Path(f.workdir) / "variance_binary.md").write_text(table)
+        print(table)
 
 
 if __name__ == "__main__":

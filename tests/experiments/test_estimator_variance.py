@@ -92,3 +92,15 @@ def test_readme_table_has_the_experiments_rows_and_exact_gradients():
     grads = [ev.true_gradient(config.theta, config.sigma, j) for j in range(1, config.k + 1)]
     assert f"the exact gradient is {grads[-1]:.5f}" in readme
     assert f"sum_(j<=4) J_j'/j = {sum(g / j for j, g in enumerate(grads, 1)):.5f}" in readme
+
+
+def test_binary_maxrl_rows_share_the_mixtures_mean_exactly():
+    """MaxRL's practical form and the mixture at T = N - 1 (both estimators) have the same
+    exact mean on binary rewards, grad J_{N-1}; variances are positive and differ."""
+    rows = ev.binary_maxrl_variance(ps=(0.1, 0.6), ns=(3, 5))
+    assert len(rows) == 3 * 2 * 2
+    for r in rows:
+        np.testing.assert_allclose(r["mean"], r["target"], rtol=1e-10, atol=1e-13)
+        assert r["var"] > 0
+    table = ev.binary_table(rows)
+    assert table.count("\n| ") == 5 and "grad J_(N-1)" in table

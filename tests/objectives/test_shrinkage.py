@@ -284,6 +284,24 @@ def test_maxrl_practical_is_a_centred_mixture_on_binary_rewards(n):
     np.testing.assert_allclose(practical, mixture, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("n", range(2, 11))
+def test_maxrl_practical_is_the_l2o_mixture_at_t_n_minus_1_on_binary_rewards(n):
+    """Every binary outcome vector: A / N equals, sample by sample, the L2O mixture with
+    w_k = 1/k for k <= N - 1 (so the two have the same variance, not only the same mean);
+    on continuous rewards they differ."""
+    rewards = np.array(list(itertools.product([0.0, 1.0], repeat=n)))
+    with jax.enable_x64(True):
+        practical = np.asarray(obj.maxrl_practical_advantages(rewards)) / n
+        l2o = obj.max_at_k_mixture_advantages(rewards, obj.maxrl_weights(n - 1), estimator=E.L2O)
+        np.testing.assert_allclose(practical, np.asarray(l2o), rtol=1e-12, atol=1e-14)
+        if n >= 3:
+            r = jnp.asarray(np.random.default_rng(n).uniform(0.1, 1.0, size=(4, n)))
+            gap = obj.maxrl_practical_advantages(r) / n - obj.max_at_k_mixture_advantages(
+                r, obj.maxrl_weights(n - 1), estimator=E.L2O
+            )
+            assert float(jnp.max(jnp.abs(gap))) > 1e-3
+
+
 BANDIT = np.array([0.3, -0.2, 0.1, 0.6])
 CORRECT = np.array([0.0, 0.0, 1.0, 0.0])  # binary: answer 2 is right
 
