@@ -196,7 +196,7 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
     run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
     done = run_dir / "result.json"
     if done.exists():
-        return json.loads(done.read_text())
+        return _reuse(table, arm, seed, ctx, run_dir)
     if ctx.report_only:
         raise ArmFailed(
             f"table {table.name}: arm {arm.name!r} at seed {seed} has no finished run in "
@@ -210,6 +210,29 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
             f"{type(e).__name__}: {e}"
         ) from e
     ctx.log(f"[{table.name}] {arm.name} seed {seed}: {row['status']} ({row['wall_s']} s)")
+    return row
+
+
+def fingerprint(cfg) -> str:
+    """A short hash of a run's whole config (a dataclass), stored with its result."""
+    import hashlib
+
+    text = json.dumps(dataclasses.asdict(cfg), default=str, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict:
+    """A finished run's row, when it was run with the config the table asks for now; a row
+    from another config (e.g. a learning rate tuned again since, or a changed budget) is
+    an error, never a result. Rows written before configs were fingerprinted are kept."""
+    row = json.loads((run_dir / "result.json").read_text())
+    stored = row.get("config_sha")
+    if stored is not None and stored != fingerprint(arm_config(table, arm, seed, ctx)):
+        raise ArmFailed(
+            f"table {table.name}: arm {arm.name!r} at seed {seed}: {run_dir} holds a finished "
+            "run of another config (a learning rate tuned again, or a changed budget); delete "
+            "that folder to rerun it, or use a new --workdir."
+        )
     return row
 
 
@@ -230,7 +253,8 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
         except BlockingIOError:
             return {**row, "status": RUNNING, "metrics": {}, "wall_s": 0.0}
         if done.exists():  # another worker finished it meanwhile
-            return json.loads(done.read_text())
+            return _reuse(table, arm, seed, ctx, run_dir)
+        row["config_sha"] = fingerprint(arm_config(table, arm, seed, ctx))
         start = time.time()
         try:
             metrics = (table.execute or rl_execute)(table, arm, seed, run_dir, ctx)
@@ -446,7 +470,8 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except ArmFailed as e:  # finished runs are kept; the table resumes after the fix
-        traceback.print_exception(e.__cause__)
+        if e.__cause__ is not None:
+            traceback.print_exception(e.__cause__)
         print(f"error: {e}. No table was written; fix the arm and rerun.", file=sys.stderr)
         return 1
     text = write_outputs(table, rows, seeds, args.smoke, workdir, chosen, tuning_rows)

@@ -13,6 +13,7 @@ import os
 import pathlib
 import platform
 import re
+import shutil
 import subprocess
 
 import jax
@@ -321,6 +322,22 @@ def test_a_broken_arm_stops_the_table(tmp_path, capsys):
     assert not (tmp_path / "t.md").exists()  # no table from a broken arm
     assert (tmp_path / "runs" / "a" / "seed0" / "result.json").exists()  # kept for the rerun
     assert not (tmp_path / "runs" / "broken" / "seed0" / "result.json").exists()
+
+
+def test_a_finished_run_of_another_config_is_an_error_not_a_result(tmp_path, capsys):
+    """A rerun reuses finished runs only when their config is the one asked for: a changed
+    arm (here its value; in a table, a learning rate tuned again) stops the table."""
+    table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
+    args = ["--workdir", str(tmp_path), "--seeds", "1"]
+    assert harness.main(table, args) == 0
+    changed = _table(Arm("a", lambda c: c), Arm("b", lambda c: dataclasses.replace(c, value=0.7)))
+    assert harness.main(table, args) == 0  # the same config: reused
+    assert harness.main(changed, args) == 1
+    assert "holds a finished run of another config" in capsys.readouterr().err
+    shutil.rmtree(tmp_path / "runs" / "b" / "seed0")  # the fix the message names
+    assert harness.main(changed, args) == 0
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert {r["arm"]: r["metrics"]["m"] for r in rows} == {"a": 0.5, "b": 0.7}
 
 
 def test_diverged_runs_are_rows_and_every_output_has_provenance(tmp_path):
