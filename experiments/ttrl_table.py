@@ -18,9 +18,10 @@ strong warm start (5000 SFT steps instead of 1500; the same data and model): fro
 one it is right in most (maj@16 about 0.8), which is the regime TTRL assumes (a base model
 whose majority answer is usually right). Claims 8a'-8c' ask 8a-8c again there; they were
 added after 8a-8c had run and come out opposite. Every arm trains on the same unlabelled
-training prompts and is evaluated on 1000 held-out test problems x 32 samples with the true labels; unlike the
-paper, TTRL here does not train on the test prompts themselves (inductive, not
-transductive), so the test set measures what the label-free update learnt in general.
+training prompts and is evaluated on 1000 held-out test problems x 32 samples with the
+true labels; unlike the paper, TTRL here does not train on the test prompts themselves
+(inductive, not transductive), so the test set measures what the label-free update
+learnt in general.
 
 Learning rates: each arm's from {2.5e-4, 5e-4, 1e-3} by experiments.tuning's protocol,
 scored on the validation split by the run's eval/objective, which for every arm is the

