@@ -85,6 +85,22 @@ def measure_startup(table: str) -> float:
     return time.time() - t0
 
 
+_LOOP_PHASES = ("build", "rl_steps", "eval", "io")  # kjax.rl.seeds.train_seeds' timer
+
+
+def _shape(cfg) -> dict:
+    return {
+        "B": cfg.batch_prompts,
+        "N": cfg.samples,
+        "T": cfg.max_new_tokens,
+        "sft_steps": cfg.sft.steps,
+        "layers": cfg.model.num_layers,
+        "hidden": cfg.model.hidden_size,
+        "eval_problems": cfg.eval.problems,
+        "eval_samples": cfg.eval.n_eval,
+    }
+
+
 def pick_arm(table, name: str):
     from experiments import harness
 
@@ -114,10 +130,14 @@ def breakdown(
     seed: int = 0,
     smoke: bool = False,
     plan: tuple[int, int, int] = (10, 20, 1000),
+    runs: int = 1,
 ) -> dict:
-    """Trains one (arm, seed) of experiments.<table_name> in workdir (empty). Returns
-    {"phases": {phase: s}, "total_s", "other_s" (total minus the phases), "rl_step_ms",
-    "counts", "cfg" (the run's shape), "estimate": estimate(..., *plan), ...}."""
+    """Trains `runs` seeds (seed, seed + 1, ...) of one arm of experiments.<table_name>
+    one after the other in this process, as the harness does, in workdir (empty). Returns
+    {"phases": {phase: s} summed over the runs, "total_s", "other_s" (total minus the
+    phases), "run_compile_s" (each run's compile outside its warm start: the first run
+    compiles the update, later ones share it), "rl_step_ms", "counts" (per run), "cfg"
+    (the run's shape), "estimate": estimate(..., *plan), ...}."""
     import jax
     from absl import logging
 
@@ -131,10 +151,12 @@ def breakdown(
     logging.set_verbosity(logging.ERROR)
     startup = measure_startup(table_name)
 
-    cfg = arm.make(harness.with_seed(table.base(seed, smoke), seed, workdir / "sft"))
-    cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
-    if steps:
-        cfg = harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples)
+    def config(seed: int):
+        cfg = arm.make(harness.with_seed(table.base(seed, smoke), seed, workdir / "sft"))
+        cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
+        return harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples) if steps else cfg
+
+    cfg = config(seed)
     clock = CompileClock()
     wall = {p: 0.0 for p in PHASES if p not in ("startup", "compile")}
     compiled = dict(wall)
@@ -151,26 +173,31 @@ def breakdown(
 
     quiet = lambda *a, **k: None  # noqa: E731
     jax.monitoring.register_event_time_span_listener(clock)
-    try:  # harness: the seed's warm start in its own workdir, then the run loads it
-        (warm, _), _ = timed("sft", loop.build_components, cfg, workdir / "warm", quiet)
-        timed("sft", warm.close)
-        (c, state), _ = timed("build", loop.build_components, cfg, workdir / "run", quiet)
-        batches = loop.Batches(c.task.train, cfg.batch_prompts, cfg.seed, loader.Position())
-        last_eval, _ = timed("eval", loop.evaluate, c, state.params)
-        timed("io", c.metrics.write, {"step": 0, **last_eval})
-        step_ms, rows = [], []
-        for step in range(cfg.steps):  # train_and_evaluate's loop, minus progress bar and plot
-            (state, row), s = timed("rl_steps", loop.rl_step, c, state, batches)
-            step_ms.append(1e3 * s)
-            rows.append(row)
-            if (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps:
-                last_eval, _ = timed("eval", loop.evaluate, c, state.params)
-                row.update(last_eval)
-            timed("io", c.metrics.write, row)
-            meta = {"position": dataclasses.asdict(batches.position)}
-            timed("io", c.checkpointer.save, step + 1, state, meta, force=step + 1 == cfg.steps)
-        timed("io", c.checkpointer.wait)
-        timed("io", c.close)
+    step_ms, rows, run_compile = [], [], []
+    try:
+        for run in range(runs):  # harness: the seed's warm start, then the run loads it
+            cfg = config(seed + run)
+            before = sum(compiled[p] for p in compiled if p != "sft")
+            (warm, _), _ = timed("sft", loop.build_components, cfg, workdir / f"warm{run}", quiet)
+            timed("sft", warm.close)
+            (c, state), _ = timed("build", loop.build_components, cfg, workdir / f"run{run}", quiet)
+            batches = loop.Batches(c.task.train, cfg.batch_prompts, cfg.seed, loader.Position())
+            last_eval, _ = timed("eval", loop.evaluate, c, state.params)
+            timed("io", c.metrics.write, {"step": 0, **last_eval})
+            for step in range(cfg.steps):  # train_and_evaluate's loop, no progress bar or plot
+                (state, row), s = timed("rl_steps", loop.rl_step, c, state, batches)
+                step_ms.append(1e3 * s)
+                rows.append(row)
+                if (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps:
+                    last_eval, _ = timed("eval", loop.evaluate, c, state.params)
+                    row.update(last_eval)
+                timed("io", c.metrics.write, row)
+                meta = {"position": dataclasses.asdict(batches.position)}
+                last = step + 1 == cfg.steps
+                timed("io", c.checkpointer.save, step + 1, state, meta, force=last)
+            timed("io", c.checkpointer.wait)
+            timed("io", c.close)
+            run_compile.append(sum(compiled[p] for p in compiled if p != "sft") - before)
     finally:
         jax.monitoring.unregister_event_time_span_listener(clock)
     total = time.time() - t_start
@@ -183,6 +210,8 @@ def breakdown(
         "table": table_name,
         "arm": arm.name,
         "seed": seed,
+        "runs": runs,
+        "run_compile_s": run_compile,
         "smoke": smoke,
         "phases": {p: phases[p] for p in PHASES},
         "compile_by_phase": compiled,
@@ -195,16 +224,7 @@ def breakdown(
             **{p: 1e3 * statistics.median(r[f"time/{p}"] for r in later) for p in STEP_PARTS},
         },
         "counts": {"steps": cfg.steps, "evals": evals, "checkpoint_saves": saves},
-        "cfg": {
-            "B": cfg.batch_prompts,
-            "N": cfg.samples,
-            "T": cfg.max_new_tokens,
-            "sft_steps": cfg.sft.steps,
-            "layers": cfg.model.num_layers,
-            "hidden": cfg.model.hidden_size,
-            "eval_problems": cfg.eval.problems,
-            "eval_samples": cfg.eval.n_eval,
-        },
+        "cfg": _shape(cfg),
         "compile_cache": jax.config.jax_compilation_cache_dir or None,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "load_average": os.getloadavg()[0],
@@ -214,23 +234,179 @@ def breakdown(
     return result
 
 
-def estimate(b: dict, arms: int, seeds: int, steps: int, *, evals_saves: tuple[int, int]) -> dict:
-    """Seconds of arms x seeds runs of `steps` RL steps (evals_saves: (evaluations,
-    checkpoint saves) per run at that budget), scaled from breakdown b."""
+def lockstep_breakdown(
+    table_name: str,
+    arm_name: str = "",
+    *,
+    workdir: pathlib.Path,
+    seeds: int = 20,
+    steps: int = 0,
+    smoke: bool = False,
+    plan: tuple[int, int, int] = (10, 20, 1000),
+) -> dict:
+    """Trains `seeds` seeds of one arm of experiments.<table_name> in lockstep the way the
+    harness does (kjax.rl.seeds.train_seeds) in workdir (empty), with phases as breakdown's:
+    sft is one warm start (every seed here loads it: sft.seed is fixed to 0, which changes
+    no cost), build/rl_steps/eval/io come from train_seeds' timer, compile is taken out
+    of each. Returns {"phases", "compile_by_phase", "total_s", "other_s", "step_ms" (one
+    lockstep step of all seeds, compile excluded: mean, first, median after the first),
+    "counts", "cfg", "estimate": lockstep_estimate(..., *plan), ...}."""
+    import contextlib
+
+    import jax
+    from absl import logging
+
+    from experiments import harness
+    from kjax.rl import loop
+    from kjax.rl import seeds as seeds_lib
+
+    t_start = time.time()
+    table = importlib.import_module(f"experiments.{table_name}").TABLE
+    arm = pick_arm(table, arm_name)
+    logging.set_verbosity(logging.ERROR)
+    startup = measure_startup(table_name)
+    cfgs = []
+    for seed in range(seeds):
+        cfg = arm.make(harness.with_seed(table.base(seed, smoke), seed, workdir / "sft"))
+        cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
+        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=0))
+        cfgs.append(harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples) if steps else cfg)
+    cfgs = [harness.with_seed(c, c.seed, workdir / "sft") for c in cfgs]  # one shared cache
+    cfg = cfgs[0]
+    clock = CompileClock()
+    intervals: dict[str, list[tuple[float, float]]] = {p: [] for p in ("sft", *_LOOP_PHASES)}
+
+    @contextlib.contextmanager
+    def timer(phase: str):
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            intervals[phase].append((t0, time.time()))
+
+    quiet = lambda *a, **k: None  # noqa: E731
+    jax.monitoring.register_event_time_span_listener(clock)
+    try:
+        with timer("sft"):
+            warm, _ = loop.build_components(cfg, workdir / "warm", quiet)
+            warm.close()
+        seeds_lib.train_seeds(
+            cfgs, [workdir / f"seed{c.seed}" for c in cfgs], log=quiet, progress=False, timer=timer
+        )
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(clock)
+    total = time.time() - t_start
+
+    wall = {p: sum(b - a for a, b in iv) for p, iv in intervals.items()}
+    compiled = {p: sum(clock.within(a, b) for a, b in iv) for p, iv in intervals.items()}
+    phases = {"startup": startup, **{p: wall[p] - compiled[p] for p in wall}}
+    phases["compile"] = sum(compiled.values())
+    step_ms = [1e3 * (b - a - clock.within(a, b)) for a, b in intervals["rl_steps"]]
+    evals, saves = _counts(cfg)
+    result = {
+        "table": table_name,
+        "arm": arm.name,
+        "seeds": seeds,
+        "smoke": smoke,
+        "phases": {p: phases[p] for p in PHASES},
+        "compile_by_phase": compiled,
+        "total_s": total,
+        "other_s": total - sum(phases.values()),
+        "step_ms": {
+            "mean": sum(step_ms) / len(step_ms),
+            "first": step_ms[0],
+            "median_after_first": statistics.median(step_ms[1:] or step_ms),
+        },
+        "counts": {"steps": cfg.steps, "evals": evals, "checkpoint_saves": saves},
+        "cfg": _shape(cfg),
+        "compile_cache": jax.config.jax_compilation_cache_dir or None,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "load_average": os.getloadavg()[0],
+    }
+    plan_cfg = harness.budget(cfg, plan[2], cfg.batch_prompts, cfg.samples)
+    result["estimate"] = lockstep_estimate(result, *plan, evals_saves=_counts(plan_cfg))
+    return result
+
+
+def lockstep_estimate(
+    b: dict, arms: int, seeds: int, steps: int, *, evals_saves: tuple[int, int]
+) -> dict:
+    """Seconds of arms x seeds runs of `steps` RL steps, each arm's seeds in lockstep, from
+    lockstep_breakdown b (measured at b["seeds"] seeds; the plan's seeds should equal it:
+    a lockstep step's cost is not linear in the seed count). Warm starts once per seed,
+    build per run, compile and the lockstep steps, evals and saves once per arm."""
     p, comp, n = b["phases"], b["compile_by_phase"], b["counts"]
     evals, saves = evals_saves
-    runs = arms * seeds
+    per_run = seeds / b["seeds"]
     est = {
         "startup": p["startup"],
         "sft": seeds * (p["sft"] + comp["sft"]),
-        "build": runs * p["build"],
-        "compile": runs * (comp["build"] + comp["rl_steps"] + comp["eval"] + comp["io"]),
-        "rl_steps": runs * steps * b["rl_step_ms"]["median_after_first"] / 1e3,
-        "eval": runs * evals * p["eval"] / n["evals"],
-        "io": runs * saves * p["io"] / max(1, n["checkpoint_saves"]),
+        "build": arms * per_run * p["build"],
+        "compile": arms * sum(comp[q] for q in _LOOP_PHASES),
+        "rl_steps": arms * steps * b["step_ms"]["median_after_first"] / 1e3,
+        "eval": arms * evals * p["eval"] / n["evals"],
+        "io": arms * saves * p["io"] / max(1, n["checkpoint_saves"]),
     }
     total = sum(est.values())
     return dict(arms=arms, seeds=seeds, steps=steps, evals_per_run=evals, phases=est, total_s=total)
+
+
+def lockstep_report(b: dict) -> str:
+    """lockstep_breakdown as Markdown: header, phase table, lockstep step, the estimate."""
+    total, est, ms = b["total_s"], b["estimate"], b["step_ms"]
+    smoke = " (smoke)" if b["smoke"] else ""
+    cache = b["compile_cache"] or "off"
+    lines = [
+        f"{b['table']} / {b['arm']} / {b['seeds']} seeds in lockstep{smoke}: {b['cfg']}",
+        f"{b['devices']}, load average {b['load_average']:.1f}, compile cache {cache}",
+        "",
+        "| phase | s | % of total |",
+        "|---|---|---|",
+    ]
+    for name, s in [*b["phases"].items(), ("other", b["other_s"]), ("total", total)]:
+        lines.append(f"| {name} | {s:.2f} | {100 * s / total:.0f} |")
+    lines += [
+        "",
+        f"Lockstep RL step of {b['seeds']} seeds, compile excluded: {ms['mean']:.0f} ms mean "
+        f"over {b['counts']['steps']}, first {ms['first']:.0f}, median after the first "
+        f"{ms['median_after_first']:.0f} ({ms['median_after_first'] / b['seeds']:.1f} ms per "
+        "seed).",
+        "",
+        f"Estimate, {est['arms']} arms x {est['seeds']} seeds x {est['steps']:,} steps "
+        f"({est['evals_per_run']} evals per run), each arm's seeds in lockstep, one process: "
+        f"{est['total_s'] / 60:.1f} min = "
+        + ", ".join(f"{k} {v / 60:.1f} min" for k, v in est["phases"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def estimate(b: dict, arms: int, seeds: int, steps: int, *, evals_saves: tuple[int, int]) -> dict:
+    """Seconds of arms x seeds runs of `steps` RL steps (evals_saves: (evaluations,
+    checkpoint saves) per run at that budget), scaled from breakdown b: per run, b's
+    phases over its b["runs"] runs; compile, each arm's first run as b's first and its
+    other seeds as b's later runs (b's first, when b ran one)."""
+    p, comp, n = b["phases"], b["compile_by_phase"], b["counts"]
+    evals, saves = evals_saves
+    runs, measured = arms * seeds, b["runs"]
+    first, *later = b["run_compile_s"]
+    later_s = statistics.mean(later) if later else first
+    est = {
+        "startup": p["startup"],
+        "sft": seeds * (p["sft"] + comp["sft"]) / measured,
+        "build": runs * p["build"] / measured,
+        "compile": arms * first + arms * (seeds - 1) * later_s,
+        "rl_steps": runs * steps * b["rl_step_ms"]["median_after_first"] / 1e3,
+        "eval": runs * evals * p["eval"] / (n["evals"] * measured),
+        "io": runs * saves * p["io"] / (max(1, n["checkpoint_saves"]) * measured),
+    }
+    total = sum(est.values())
+    return dict(arms=arms, seeds=seeds, steps=steps, evals_per_run=evals, phases=est, total_s=total)
+
+
+def _seeds_text(b: dict) -> str:
+    if b["runs"] == 1:
+        return f"seed {b['seed']}"
+    return f"seeds {b['seed']}-{b['seed'] + b['runs'] - 1} one after the other in one process"
 
 
 def report(b: dict) -> str:
@@ -239,7 +415,7 @@ def report(b: dict) -> str:
     smoke = " (smoke)" if b["smoke"] else ""
     cache = b["compile_cache"] or "off"
     lines = [
-        f"{b['table']} / {b['arm']} / seed {b['seed']}{smoke}: {b['cfg']}",
+        f"{b['table']} / {b['arm']} / {_seeds_text(b)}{smoke}: {b['cfg']}",
         f"{b['devices']}, load average {b['load_average']:.1f}, compile cache {cache}",
         "",
         "| phase | s | % of total |",
@@ -249,6 +425,10 @@ def report(b: dict) -> str:
         lines.append(f"| {name} | {s:.2f} | {100 * s / total:.0f} |")
     parts = ", ".join(f"{p} {ms[p]:.0f}" for p in STEP_PARTS)
     lines += [
+        "",
+        "Compile per run (outside the warm start): "
+        + ", ".join(f"{s:.1f}" for s in b["run_compile_s"])
+        + " s.",
         "",
         f"RL step, compile excluded: {ms['mean']:.0f} ms mean over {b['counts']['steps']}, "
         f"first {ms['first']:.0f}, median after the first {ms['median_after_first']:.0f} "
@@ -267,9 +447,16 @@ def main(argv=None) -> int:
     p.add_argument("--arm", default="", help="arm name or its slug (default: the first arm)")
     p.add_argument("--steps", type=int, default=0, help="RL steps (default: the table's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=1,
+                   help="train this many seeds (from --seed) one after the other in one "
+                        "process, as a table does (later runs share the first's "
+                        "compile)")  # fmt: skip
     p.add_argument("--smoke", action="store_true", help="harness.smoke_base budget (< 1 min)")
     p.add_argument("--out", default="", help="write the breakdown and estimate as JSON here")
     p.add_argument("--workdir", default="", help="keep the run here (default: a temp dir)")
+    p.add_argument("--lockstep", type=int, default=0, metavar="S",
+                   help="measure S seeds of the arm in lockstep, as the harness trains a "
+                        "table (default 0: one run alone)")  # fmt: skip
     p.add_argument("--plan_arms", type=int, default=10)
     p.add_argument("--plan_seeds", type=int, default=20)
     p.add_argument("--plan_steps", type=int, default=1000)
@@ -284,21 +471,37 @@ def main(argv=None) -> int:
         p.error(str(e))
     if args.steps < 0 or min(args.plan_arms, args.plan_seeds, args.plan_steps) < 1:
         p.error("--steps must be >= 0 and --plan_arms/--plan_seeds/--plan_steps >= 1")
+    if args.runs < 1:
+        p.error(f"--runs must be >= 1; got {args.runs}")
+    if args.lockstep == 1 or args.lockstep < 0:
+        p.error(f"--lockstep must be 0 (one run) or >= 2 seeds; got {args.lockstep}")
     if args.workdir and pathlib.Path(args.workdir).exists():
         p.error(f"--workdir={args.workdir} exists; give a new directory")
     with tempfile.TemporaryDirectory(prefix="bench_tables-") as tmp:
         workdir = pathlib.Path(args.workdir or tmp)
         plan = (args.plan_arms, args.plan_seeds, args.plan_steps)
-        b = breakdown(
-            args.table,
-            args.arm,
-            workdir=workdir,
-            steps=args.steps,
-            seed=args.seed,
-            smoke=args.smoke,
-            plan=plan,
-        )
-    print(report(b))
+        if args.lockstep:
+            b = lockstep_breakdown(
+                args.table,
+                args.arm,
+                workdir=workdir,
+                seeds=args.lockstep,
+                steps=args.steps,
+                smoke=args.smoke,
+                plan=plan,
+            )
+        else:
+            b = breakdown(
+                args.table,
+                args.arm,
+                workdir=workdir,
+                steps=args.steps,
+                seed=args.seed,
+                smoke=args.smoke,
+                plan=plan,
+                runs=args.runs,
+            )
+    print(lockstep_report(b) if args.lockstep else report(b))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(b, indent=1))
     return 0

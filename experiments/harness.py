@@ -2,11 +2,14 @@
 
 A table module declares a `Table` (arms, claims written before running, the metric
 columns) and calls `main(table, argv)`. Each (arm, seed) trains in its own workdir
-WORKDIR/runs/ARM/seedS through `kjax.rl.loop.train_and_evaluate` (no second trainer)
-and leaves a `result.json` there when done, so an interrupted table resumes and finished
-runs are skipped. Every arm of a seed warm-starts from the same SFT checkpoint
-(SFT_DIR/seedS, shared through SFTConfig.cache_dir) and is evaluated on the same
-held-out problems with the same sample count, with kjax's unbiased estimators.
+WORKDIR/runs/ARM/seedS through `kjax.rl.loop.train_and_evaluate` (or, with --lockstep=S,
+S of an arm's pending seeds at a time through `kjax.rl.seeds.train_seeds`: the same runs
+in lockstep under one compiled step) and leaves a `result.json` there when done, so an
+interrupted table resumes and finished runs are skipped. Every arm of a seed warm-starts
+from the same SFT checkpoint (SFT_DIR/seedS, shared through SFTConfig.cache_dir) and is
+evaluated on the same held-out problems with the same sample count, with kjax's unbiased
+estimators. Runs of one process that differ only in their seed share one compiled update
+(kjax.rl.components), so a table compiles each arm's step once.
 
 Statistics (per-arm intervals, paired claims, Holm, TOST, MDE): experiments.claims.
 Provenance of every row and table: experiments.provenance.
@@ -88,6 +91,7 @@ class Context:
     adjust: Callable = _as_is
     validate_only: bool = False  # build and validate every arm's config, train none
     report_only: bool = False  # train nothing: a run not finished is an error (tuning)
+    lockstep: int = 0  # >= 2: an arm's pending seeds train in groups of this many together
 
 
 class ArmFailed(RuntimeError):
@@ -163,11 +167,18 @@ def smoke_base(cfg):
 
 def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Context) -> dict:
     """One RL run of arm at seed: the first and the last evaluation, and the run's shape."""
-    from kjax.evaluation import read_jsonl
     from kjax.rl.loop import train_and_evaluate
 
     cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
     last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False)
+    return run_metrics(cfg, run_dir, last)
+
+
+def run_metrics(cfg, run_dir: pathlib.Path, last: dict) -> dict:
+    """A finished RL run's result metrics: its last evaluation (keys without "eval/"), its
+    first one (scope "start"), and the run's shape."""
+    from kjax.evaluation import read_jsonl
+
     first = str(MetricKey("pass", 1, scope="eval"))
     rows = [r for r in read_jsonl(run_dir / "run" / "metrics.jsonl") if first in r]
     at_k = {key: MetricKey.find(key) for key in rows[0]}
@@ -285,10 +296,90 @@ def warm_start(table: Table, seed: int, ctx: Context) -> None:
         fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None:
+    """With ctx.lockstep = S >= 2, trains the seeds of arm that have no result yet S at a
+    time in lockstep (kjax.rl.seeds.train_seeds: one compiled step for all of them) and
+    leaves each one's result.json as run_one would; run_one then reuses them. Does
+    nothing where lockstep does not apply: a table with its own execute, an arm a smoke
+    run skips, validation or report-only contexts, fewer than two pending seeds, or a
+    config train_seeds refuses (dynamic sampling, a verifier pool): run_one trains those
+    one seed at a time."""
+    if table.execute is not None or ctx.validate_only or ctx.report_only or ctx.lockstep < 2:
+        return
+    if ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms:
+        return
+    import fcntl
+
+    pending = []
+    for seed in seeds:
+        run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
+        cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
+        if not (run_dir / "result.json").exists():
+            pending.append((seed, run_dir, cfg))
+    if len(pending) < 2 or pending[0][2].dynamic_sampling or pending[0][2].verifier_workers:
+        return
+    locks, mine = [], []
+    try:
+        for seed, run_dir, cfg in pending:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(run_dir / "lock", "w")  # noqa: SIM115 - held until the group ends
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another worker trains this seed
+                lock.close()
+                continue
+            locks.append(lock)
+            if not (run_dir / "result.json").exists():
+                mine.append((seed, run_dir, cfg))
+        for i in range(0, len(mine), ctx.lockstep):
+            _lockstep_group(table, arm, mine[i : i + ctx.lockstep], ctx)
+    finally:
+        for lock in locks:
+            lock.close()
+
+
+def _lockstep_group(table: Table, arm: Arm, mine: list, ctx: Context) -> None:
+    """Trains [(seed, run_dir, cfg)] in lockstep and writes each one's result.json."""
+    from kjax.rl import seeds as seeds_lib
+
+    if len(mine) < 2:  # run_one trains a lone seed
+        return
+    start = time.time()
+    try:
+        results = seeds_lib.train_seeds(
+            [c for _, _, c in mine],
+            [d / "run" for _, d, _ in mine],
+            log=lambda *a, **k: None,
+            progress=True,
+        )
+    except Exception as e:
+        seeds = [s for s, _, _ in mine]
+        raise ArmFailed(
+            f"table {table.name}: arm {arm.name!r} at seeds {seeds} (in lockstep) failed "
+            f"with {type(e).__name__}: {e}"
+        ) from e
+    wall = round((time.time() - start) / len(mine), 1)  # each seed's share
+    for (seed, run_dir, cfg), result in zip(mine, results, strict=True):
+        row = {"table": table.name, "arm": arm.name, "seed": seed, "provenance": provenance(),
+               "config_sha": fingerprint(arm_config(table, arm, seed, ctx)),
+               "lockstep_seeds": len(mine), "wall_s": wall}  # fmt: skip
+        if isinstance(result, FloatingPointError):
+            row.update(status="diverged", metrics={}, error=str(result).splitlines()[0])
+        else:
+            metrics = run_metrics(cfg, run_dir, result)
+            finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+            row.update(status="ok" if finite else "diverged", metrics=metrics)
+        (run_dir / "result.json").write_text(json.dumps(row, indent=1))
+    ctx.log(f"[{table.name}] {arm.name}: {len(mine)} seeds in lockstep, {wall} s per seed")
+
+
 def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
-    rows = []
-    for seed in seeds:  # seed-major: each warm start is built once, then reused
+    for seed in seeds:  # every warm start first, built once and reused by every arm
         warm_start(table, seed, ctx)
+    for arm in table.arms:
+        lockstep(table, arm, seeds, ctx)
+    rows = []
+    for seed in seeds:
         seed_rows = [run_one(table, arm, seed, ctx) for arm in table.arms]
         if table.per_seed is not None:
             extra_path = ctx.workdir / "runs" / "_per_seed" / f"seed{seed}.json"
@@ -325,6 +416,7 @@ def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
             at = dataclasses.replace(
                 ctx, runs=f"tuning/lr{lr:g}", adjust=adjust, validate_only=ctx.smoke
             )
+            lockstep(table, arm, t.seeds, at)
             mine = [{**run_one(table, arm, seed, at), "lr": lr} for seed in t.seeds]
             rows += mine
             trained = [r for r in mine if r["status"] != SMOKE_SKIPPED]
@@ -366,12 +458,19 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p.add_argument("--learning_rates", default="",
                    help="take each arm's rate from this NAME.claims.json of a tuned run "
                         "instead of tuning again")  # fmt: skip
+    p.add_argument("--lockstep", type=int, default=0, metavar="S",
+                   help="train an arm's seeds S at a time in lockstep, one compiled step "
+                        "over a seed axis (kjax.rl.seeds; the same runs up to float "
+                        "rounding). Default 0: one seed at a time, which is faster on a "
+                        "2-core CPU (experiments/README.md)")  # fmt: skip
     p.add_argument("--from_rows", default="",
                    help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
                         "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1; got {args.seeds}")
+    if args.lockstep < 0:
+        p.error(f"--lockstep must be >= 0 (0 or 1: one seed at a time); got {args.lockstep}")
     return args
 
 
@@ -448,7 +547,9 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     setup_jax(workdir)
     seeds = [0] if args.smoke else list(range(args.seeds))
     sft_dir = pathlib.Path(args.sft_dir or workdir / "sft")
-    ctx = Context(workdir, sft_dir, args.smoke, report_only=args.report_only)
+    ctx = Context(
+        workdir, sft_dir, args.smoke, report_only=args.report_only, lockstep=args.lockstep
+    )
     start = time.time()
     if args.from_rows:
         return rejudge(table, pathlib.Path(args.from_rows), workdir)

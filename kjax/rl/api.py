@@ -175,7 +175,7 @@ def with_model(run: Run, model_config: LlamaConfig, params) -> Run:
     `run`: close only one of them."""
     c, cfg = run.components, run.cfg
     state = init_train_state(params, c.optimizer, jax.random.key(cfg.seed), run.mesh)
-    step_fn, sampler = step_and_sampler(cfg, model_config, c.optimizer, run.mesh, state, run.task)
+    step_fn, sampler = step_and_sampler(cfg, model_config, run.mesh, state, run.task)
     components = dataclasses.replace(c, model_config=model_config, step_fn=step_fn, sampler=sampler)
     return Run(components, state)
 

@@ -68,18 +68,52 @@ class Components:
             self.pool.close()
 
 
-def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, optimizer, mesh, state, task):
-    """(the jitted RL update, the grouped sampler) of `model_config` for the run `cfg`."""
+# One jitted update per distinct (model, update, optimizer, objective, mesh, state layout)
+# in this process: runs that differ only in their seed (a table's seeds, one after the
+# other) share it, so only the first one traces and compiles the step.
+_STEP_CACHE_SIZE = 32
+
+
+@functools.lru_cache(maxsize=_STEP_CACHE_SIZE)
+def _cached_train_step(model_config, rl, opt_cfg, objective, ks, mesh, shardings, treedef, dtype,
+                       temperature):  # fmt: skip
+    state_shardings = jax.tree.unflatten(treedef, shardings)
+    return make_train_step(
+        model_config,
+        rl,
+        make_optimizer(opt_cfg),
+        mesh,
+        state_shardings,
+        dtype=dtype,
+        reweight=offpolicy_reweighter(objective, rl, ks),
+        temperature=temperature,
+    )
+
+
+# The advantages, jitted once per process (static: the ObjectiveConfig and k).
+_advantages = jax.jit(compute_advantages, static_argnums=(0, 1))
+
+
+def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, mesh, state, task):
+    """(the jitted RL update, the grouped sampler) of `model_config` for the run `cfg`.
+
+    The update is shared by every run of this process with the same model, StepConfig,
+    OptimizerConfig, objective, mesh and state layout (an in-process cache), so a table's
+    seeds compile it once. Its optimizer is make_optimizer(cfg.optimizer).
+    """
     dtype = cfg.model.compute_dtype
-    step_fn = make_train_step(
+    shardings, treedef = jax.tree.flatten(shardings_of(state))
+    step_fn = _cached_train_step(
         model_config,
         cfg.rl,
-        optimizer,
+        cfg.optimizer,
+        cfg.objective,
+        tuple(cfg.ks()),
         mesh,
-        shardings_of(state),
-        dtype=dtype,
-        reweight=offpolicy_reweighter(cfg.objective, cfg.rl, cfg.ks()),
-        temperature=cfg.temperature,
+        tuple(shardings),
+        treedef,
+        jnp.dtype(dtype),
+        cfg.temperature,
     )
     sampler = functools.partial(
         sample_params,
@@ -168,7 +202,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
-    step_fn, sampler = step_and_sampler(cfg, model_config, optimizer, mesh, state, task)
+    step_fn, sampler = step_and_sampler(cfg, model_config, mesh, state, task)
     pool = None
     if cfg.verifier_workers:
         from kjax.rewards.pool import PoolConfig, VerifierPool
@@ -185,7 +219,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         optimizer=optimizer,
         step_fn=step_fn,
         sampler=sampler,
-        advantages=jax.jit(compute_advantages, static_argnums=(0, 1)),
+        advantages=_advantages,
         ref_params=ref_params,
         checkpointer=checkpoint.Checkpointer(workdir / "checkpoints", cfg.checkpoint),
         metrics=MetricsWriter(workdir, write=multihost.is_leader()),

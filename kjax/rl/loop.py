@@ -32,11 +32,20 @@ __all__ = [
     "Components",
     "Rollout",
     "build_components",
+    "eval_key",
+    "eval_metrics",
+    "eval_problems",
     "evaluate",
     "fill_batch",
+    "finite_or_raise",
+    "postfix",
+    "pseudo_label_stats",
+    "resume",
     "rl_step",
     "rollout",
+    "step_row",
     "train_and_evaluate",
+    "verify",
 ]
 
 _EVAL_STREAM = 2**31 - 1  # fold_in constant of the evaluation key (fixed across evals)
@@ -91,15 +100,22 @@ def rollout(
     )
     tokens, mask = evaluation.to_host(ro.tokens), evaluation.to_host(ro.mask)
     t1 = time.perf_counter()
+    verdicts = verify(c, examples, tokens, mask)
+    seconds = (t1 - t0, time.perf_counter() - t1)
+    return Rollout(prompts, pmask, tokens, mask, ro.logprobs, verdicts, seconds)
+
+
+def verify(c: Components, examples: Sequence[dict], tokens: np.ndarray, mask: np.ndarray):
+    """Verdicts of completions tokens, mask [B,N,T] (host arrays) of `examples`: each host
+    verifies its own rows and the rows are shared, so every host holds all B."""
+    sh = c.batch_sharding
     rows = multihost.local_rows(sh, len(examples))
     local = c.task.verify(
         task_lib.decode(c.task, tokens[rows], mask[rows]), [examples[i] for i in rows], c.pool
     )
     shared = (local.scores, local.answer_ids, local.target)
     # counts (the verifier's tallies, e.g. code runs by outcome) are this host's rows only.
-    verdicts = Verdicts(*multihost.share_rows(shared, rows, len(examples), sh), local.counts)
-    seconds = (t1 - t0, time.perf_counter() - t1)
-    return Rollout(prompts, pmask, tokens, mask, ro.logprobs, verdicts, seconds)
+    return Verdicts(*multihost.share_rows(shared, rows, len(examples), sh), local.counts)
 
 
 def evaluate(c: Components, params) -> dict[str, float]:
@@ -107,14 +123,26 @@ def evaluate(c: Components, params) -> dict[str, float]:
     on the split eval.split names (the test problems, or the validation ones for tuning),
     and "eval/objective": the value of the objective the run trains for at its final k
     (objective_value), when eval.n_eval samples can serve it."""
-    key = jax.random.fold_in(c.base_key, _EVAL_STREAM)
     e = c.cfg.eval
-    problems = c.task.validation if e.split is EvalSplit.VALIDATION else c.task.test
-    ro = rollout(c, params, problems, key, e.n_eval, e.temperature)
-    out = evaluation.group_metrics(ro.verdicts)
-    cfg, v = c.cfg, ro.verdicts
+    ro = rollout(c, params, eval_problems(c), eval_key(c), e.n_eval, e.temperature)
+    return eval_metrics(c.cfg, ro.verdicts)
+
+
+def eval_key(c: Components) -> jax.Array:
+    """The evaluation's sampling key (the same at every evaluation of a run)."""
+    return jax.random.fold_in(c.base_key, _EVAL_STREAM)
+
+
+def eval_problems(c: Components) -> Sequence[dict]:
+    """The held-out problems eval.split names."""
+    return c.task.validation if c.cfg.eval.split is EvalSplit.VALIDATION else c.task.test
+
+
+def eval_metrics(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
+    """evaluate's metrics of the verdicts [B, eval.n_eval] of the held-out problems."""
+    out = evaluation.group_metrics(v)
     final_k = cfg.k_at(cfg.steps - 1)  # the objective the run ends with
-    if max(objective_ks(cfg.objective, final_k)) <= e.n_eval:
+    if max(objective_ks(cfg.objective, final_k)) <= cfg.eval.n_eval:
         out["objective"] = objective_value(cfg.objective, final_k, v.scores, v.answer_ids, v.target)
     return {f"eval/{k}": v for k, v in out.items()}
 
@@ -172,7 +200,7 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         for name, count in v.counts.items():
             tallies[name] = tallies.get(name, 0) + int(count)
         if cfg.objective.reward is RewardSource.MAJORITY_VOTE:
-            votes.append(_pseudo_label_stats(cfg, v))
+            votes.append(pseudo_label_stats(cfg, v))
         candidates.append(
             dict(
                 prompts=ro.prompts,
@@ -192,22 +220,48 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
     state, metrics = c.step_fn(state, batch, c.ref_params, np.int32(k))
     metrics = {n: float(x) for n, x in jax.device_get(metrics).items()}
     timing["update"] = time.perf_counter() - t
-    row = {
+    timing["step"] = time.perf_counter() - t0
+    return state, step_row(cfg, step, metrics, kept, len(candidates), timing, tallies, votes)
+
+
+def step_row(
+    cfg: TrainConfig,
+    step: int,
+    metrics: dict[str, float],
+    kept: int,
+    sample_batches: int,
+    timing: dict[str, float],
+    tallies: dict[str, int],
+    votes: list[dict],
+) -> dict:
+    """The JSON-able metrics row of RL step `step` (0-based): the update's metrics, the
+    kept fraction of the sampled groups, time/* seconds, verify/* tallies, pseudo/* means."""
+    return {
         "step": step + 1,
-        "k": k,
+        "k": cfg.k_at(step),
         **metrics,
         "finite": bool(metrics["finite"]),
-        "kept_fraction": kept / (len(candidates) * cfg.batch_prompts),
-        "sample_batches": len(candidates),
+        "kept_fraction": kept / (sample_batches * cfg.batch_prompts),
+        "sample_batches": sample_batches,
         **{f"time/{n}": s for n, s in timing.items()},
         **{f"verify/{n}": count for n, count in tallies.items()},
         **{f"pseudo/{n}": float(np.nanmean([v[n] for v in votes])) for n in (votes or [{}])[0]},
-        "time/step": time.perf_counter() - t0,
     }
-    return state, row
 
 
-def _pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
+def finite_or_raise(c: Components, row: dict) -> None:
+    """Raises FloatingPointError (naming the last good checkpoint) when the step's loss or
+    gradient was not finite; the run stops without saving that step."""
+    if not row["finite"]:
+        c.checkpointer.wait()
+        raise FloatingPointError(
+            f"loss or gradient is not finite at RL step {row['step'] - 1} (loss={row['loss']}, "
+            f"grad_norm={row['grad_norm']}); stopped without saving. The last good "
+            f"checkpoint is step {c.checkpointer.latest_step()} in {c.checkpointer.directory}."
+        )
+
+
+def pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
     """The vote's labels against the verifier's (reward=MAJORITY_VOTE): step metrics
     pseudo/labelled, pseudo/label_wrong (a fraction of the labelled groups) and
     pseudo/reward_error (kjax.objectives.pseudo_label_stats)."""
@@ -217,7 +271,7 @@ def _pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
     return {n: float(x) for n, x in jax.device_get(stats).items()}
 
 
-def _resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position]:
+def resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position]:
     """The newest checkpoint's state and data position, else the initial ones. metrics.jsonl
     keeps the rows up to the checkpoint's step and drops the rest, which are about to be
     redone; with no checkpoint that is every row (a run killed before its first save had
@@ -231,7 +285,7 @@ def _resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Positi
     return state, loader.Position(**meta["position"])
 
 
-def _postfix(row: dict, last_eval: dict, n_eval: int) -> dict[str, str]:
+def postfix(row: dict, last_eval: dict, n_eval: int) -> dict[str, str]:
     shown = {
         "pass@1": last_eval.get("eval/pass@1"),
         f"pass@{n_eval}": last_eval.get(f"eval/pass@{n_eval}"),
@@ -250,7 +304,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
     cfg = c.cfg
     bar = None
     try:
-        state, position = _resume(c, state)
+        state, position = resume(c, state)
         start = int(state.step)
         batches = Batches(c.task.train, cfg.batch_prompts, cfg.seed, position)
         last_eval = {}
@@ -261,20 +315,13 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
         bar = tqdm(total=cfg.steps, initial=start, disable=not show, desc=cfg.name)
         for step in range(start, cfg.steps):
             state, row = rl_step(c, state, batches)
-            if not row["finite"]:
-                c.checkpointer.wait()
-                raise FloatingPointError(
-                    f"loss or gradient is not finite at RL step {step} (loss={row['loss']}, "
-                    f"grad_norm={row['grad_norm']}); stopped without saving. The last good "
-                    f"checkpoint is step {c.checkpointer.latest_step()} in "
-                    f"{c.checkpointer.directory}."
-                )
+            finite_or_raise(c, row)
             if (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps:
                 last_eval = evaluate(c, state.params)
                 row.update(last_eval)
             c.metrics.write(row)
             bar.update(1)
-            bar.set_postfix(**_postfix(row, last_eval, cfg.eval.n_eval))
+            bar.set_postfix(**postfix(row, last_eval, cfg.eval.n_eval))
             meta = {"position": dataclasses.asdict(batches.position)}
             c.checkpointer.save(step + 1, state, meta, force=step + 1 == cfg.steps)
         c.checkpointer.wait()
