@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -331,21 +332,21 @@ def lockstep_breakdown(
 def lockstep_estimate(
     b: dict, arms: int, seeds: int, steps: int, *, evals_saves: tuple[int, int]
 ) -> dict:
-    """Seconds of arms x seeds runs of `steps` RL steps, each arm's seeds in lockstep, from
-    lockstep_breakdown b (measured at b["seeds"] seeds; the plan's seeds should equal it:
-    a lockstep step's cost is not linear in the seed count). Warm starts once per seed,
-    build per run, compile and the lockstep steps, evals and saves once per arm."""
+    """Seconds of arms x seeds runs of `steps` RL steps, each arm's seeds in lockstep
+    groups of b["seeds"] (the harness's --lockstep), from lockstep_breakdown b. Warm
+    starts once per seed; build, compile, lockstep steps, evals and saves once per group
+    (a group's cost is not linear in its seed count, so it is measured at that size)."""
     p, comp, n = b["phases"], b["compile_by_phase"], b["counts"]
     evals, saves = evals_saves
-    per_run = seeds / b["seeds"]
+    groups = arms * math.ceil(seeds / b["seeds"])
     est = {
         "startup": p["startup"],
         "sft": seeds * (p["sft"] + comp["sft"]),
-        "build": arms * per_run * p["build"],
-        "compile": arms * sum(comp[q] for q in _LOOP_PHASES),
-        "rl_steps": arms * steps * b["step_ms"]["median_after_first"] / 1e3,
-        "eval": arms * evals * p["eval"] / n["evals"],
-        "io": arms * saves * p["io"] / max(1, n["checkpoint_saves"]),
+        "build": groups * p["build"],
+        "compile": groups * sum(comp[q] for q in _LOOP_PHASES),
+        "rl_steps": groups * steps * b["step_ms"]["median_after_first"] / 1e3,
+        "eval": groups * evals * p["eval"] / n["evals"],
+        "io": groups * saves * p["io"] / max(1, n["checkpoint_saves"]),
     }
     total = sum(est.values())
     return dict(arms=arms, seeds=seeds, steps=steps, evals_per_run=evals, phases=est, total_s=total)
@@ -373,7 +374,8 @@ def lockstep_report(b: dict) -> str:
         "seed).",
         "",
         f"Estimate, {est['arms']} arms x {est['seeds']} seeds x {est['steps']:,} steps "
-        f"({est['evals_per_run']} evals per run), each arm's seeds in lockstep, one process: "
+        f"({est['evals_per_run']} evals per run), each arm's seeds in lockstep groups of "
+        f"{b['seeds']}, one process: "
         f"{est['total_s'] / 60:.1f} min = "
         + ", ".join(f"{k} {v / 60:.1f} min" for k, v in est["phases"].items()),
     ]
@@ -430,7 +432,8 @@ def report(b: dict) -> str:
         + ", ".join(f"{s:.1f}" for s in b["run_compile_s"])
         + " s.",
         "",
-        f"RL step, compile excluded: {ms['mean']:.0f} ms mean over {b['counts']['steps']}, "
+        f"RL step, compile excluded: {ms['mean']:.0f} ms mean over "
+        f"{b['counts']['steps'] * b['runs']}, "
         f"first {ms['first']:.0f}, median after the first {ms['median_after_first']:.0f} "
         f"({parts}).",
         "",

@@ -462,7 +462,7 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
                    help="train an arm's seeds S at a time in lockstep, one compiled step "
                         "over a seed axis (kjax.rl.seeds; the same runs up to float "
                         "rounding). Default 0: one seed at a time, which is faster on a "
-                        "2-core CPU (experiments/README.md)")  # fmt: skip
+                        "2-core CPU (BUILD.md, Paper tables)")  # fmt: skip
     p.add_argument("--from_rows", default="",
                    help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
                         "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
