@@ -15,7 +15,7 @@ from kjax.rl.seeds import train_seeds
 from tests.rl.tiny_run import TINY
 
 CFG = dataclasses.replace(TINY, steps=6, rl=StepConfig())  # B=8 over the 8 test devices
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)
 
 
 def _rows(workdir):
@@ -57,17 +57,16 @@ def test_lockstep_matches_separate_runs_and_a_nan_seed_stops_alone(tmp_path, mon
     results = train_seeds(cfgs, dirs, progress=False)
     assert isinstance(results[1], FloatingPointError)
     assert "not finite at RL step 4" in str(results[1])
-    for s in (0, 2):
-        assert results[s] == {k: v for k, v in _rows(dirs[s])[-1].items() if k.startswith("eval/")}
-        _assert_same_run(dirs[s], tmp_path / f"separate{s}")
+    assert results[0] == {k: v for k, v in _rows(dirs[0])[-1].items() if k.startswith("eval/")}
+    _assert_same_run(dirs[0], tmp_path / "separate0")  # seed 0 went on, unaffected
     with checkpoint.Checkpointer(dirs[1] / "checkpoints", CFG.checkpoint) as ckpt:
         assert ckpt.latest_step() == 3
     assert [r["step"] for r in _rows(dirs[1])] == list(range(5))  # step 5's row never written
 
-    # Rerun without the fault: seeds 0 and 2 are done, seed 1 resumes alone from step 3.
+    # Rerun without the fault: seed 0 is done, seed 1 resumes alone from step 3.
     monkeypatch.setattr(seeds_lib._Lockstep, "advantages", advantages)
     again = train_seeds(cfgs, dirs, progress=False)
-    assert again[0] == results[0] and again[2] == results[2]
+    assert again[0] == results[0]
     rows = _rows(dirs[1])
     assert [r["step"] for r in rows] == list(range(CFG.steps + 1))
     assert all(r["lockstep_seeds"] == 1 for r in rows if r["step"] > 3)
@@ -101,6 +100,7 @@ def test_lockstep_refuses_configs_that_cannot_share_a_step(tmp_path):
     assert seeds_lib.lockstep_identity(named) == seeds_lib.lockstep_identity(base[0])
 
 
+@pytest.mark.slow  # ~50 s on 2 cores; the library-level equality above is in the default tier
 def test_a_tables_lockstep_rows_are_its_sequential_rows(tmp_path):
     from experiments import harness
     from experiments.claims import Claim

@@ -127,16 +127,16 @@ def test_code_verifier_scores_and_tallies_hostile_programs(tmp_path):
 def test_code_trains_through_the_sandbox_and_logs_why_programs_fail(tmp_path):
     require_bwrap()
     manual = _code_problems(tmp_path / "m")
-    cfg = override(
-        SMALL,
-        {"task.kind": "code", "task.manual_dir": str(manual), "task.timeout_s": "2.0"},
-    )
+    settings = {"task.kind": "code", "task.manual_dir": str(manual), "task.timeout_s": "2.0"}
+    # 2 samples (a sandboxed program costs ~0.5 s here): 64 programs over the run
+    settings.update({"samples": "2", "eval.n_eval": "2"})
+    cfg = override(SMALL, settings)
     train_and_evaluate(cfg, tmp_path / "run", progress=False)
     steps = [r for r in _rows(tmp_path / "run") if r.get("step", 0) > 0]
     assert [r["step"] for r in steps] == [1, 2] and all(r["finite"] for r in steps)
     for r in steps:  # every test run of every sample is tallied by outcome, and timed
         runs = sum(r[f"verify/{o}"] for o in ("passed", "wrong", "crashed", "timeout", "lost"))
-        programs = SMALL.batch_prompts * SMALL.samples * r["sample_batches"]
+        programs = cfg.batch_prompts * cfg.samples * r["sample_batches"]
         assert programs <= runs <= 2 * programs  # each problem has one or two tests
         assert r["time/verify"] > 0
 
