@@ -376,6 +376,8 @@ def _lockstep_group(table: Table, arm: Arm, mine: list, ctx: Context) -> None:
 def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
     for seed in seeds:  # every warm start first, built once and reused by every arm
         warm_start(table, seed, ctx)
+    if ctx.lockstep >= 2 and table.execute is not None:
+        ctx.log(f"[{table.name}] --lockstep does not apply: this table runs its own execute")
     for arm in table.arms:
         lockstep(table, arm, seeds, ctx)
     rows = []

@@ -469,3 +469,15 @@ def test_arms_and_learning_rates_rerun_part_of_a_tuned_table(tmp_path, capsys):
     assert "--arms: ['c'] are not arms of tt" in capsys.readouterr().err
     missing = str(tmp_path / "none.json")
     assert harness.main(table, [*argv, "--learning_rates", missing]) == 2
+
+
+def test_lockstep_flag_is_checked_and_skipped_for_a_table_with_its_own_execute(tmp_path, capsys):
+    table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
+    args = ["--workdir", str(tmp_path), "--seeds", "2"]
+    with pytest.raises(SystemExit) as e:
+        harness.main(table, [*args, "--lockstep", "-1"])
+    assert e.value.code == 2 and "--lockstep must be >= 0" in capsys.readouterr().err
+    assert harness.main(table, [*args, "--lockstep", "2"]) == 0
+    assert "--lockstep does not apply: this table runs its own execute" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all("lockstep_seeds" not in r for r in rows)
