@@ -35,3 +35,23 @@ def test_smoke_breakdown_phases_are_positive_and_fit_in_the_total(tmp_path, monk
     assert math.isclose(est["total_s"], sum(est["phases"].values()))
     step_s = b["rl_step_ms"]["median_after_first"] / 1e3
     assert math.isclose(est["phases"]["rl_steps"], 10 * 20 * 1000 * step_s)
+
+
+@pytest.mark.slow  # ~35 s of compiles on 2 cores
+def test_lockstep_smoke_breakdown_fits_in_the_total_and_scales_by_groups(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_tables, "measure_startup", bare_interpreter_startup)
+    b = bench_tables.lockstep_breakdown(
+        "tang2025_table", workdir=tmp_path / "bench", seeds=2, smoke=True
+    )
+    phases = b["phases"]
+    assert tuple(phases) == bench_tables.PHASES
+    assert all(s > 0 for s in phases.values()), phases
+    assert sum(phases.values()) <= b["total_s"], (phases, b["total_s"])
+    assert b["counts"] == {"steps": 2, "evals": 3, "checkpoint_saves": 2}
+    for seed in (0, 1):  # both seeds trained, each in its own workdir
+        assert (tmp_path / "bench" / f"seed{seed}" / "metrics.jsonl").exists()
+    est = b["estimate"]
+    assert math.isclose(est["total_s"], sum(est["phases"].values()))
+    groups = 10 * math.ceil(20 / 2)  # 10 arms of 20 seeds in lockstep pairs
+    step_s = b["step_ms"]["median_after_first"] / 1e3
+    assert math.isclose(est["phases"]["rl_steps"], groups * 1000 * step_s)
