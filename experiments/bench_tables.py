@@ -102,6 +102,66 @@ def _shape(cfg) -> dict:
     }
 
 
+def _run_config(table, arm, seed: int, smoke: bool, steps: int, sft_dir, sft_seed=None):
+    """The harness's config of (arm, seed), named by the arm, with `steps` RL steps (0: the
+    table's) and, when sft_seed is given, that fixed warm start."""
+    from experiments import harness
+
+    base = table.base(seed, smoke)
+    if sft_seed is not None:
+        base = dataclasses.replace(base, sft=dataclasses.replace(base.sft, seed=sft_seed))
+    cfg = arm.make(harness.with_seed(base, seed, sft_dir))
+    cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
+    return harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples) if steps else cfg
+
+
+def _step_stats(step_ms: list[float]) -> dict:
+    """mean, first and median-after-the-first of per-step milliseconds."""
+    return {
+        "mean": sum(step_ms) / len(step_ms),
+        "first": step_ms[0],
+        "median_after_first": statistics.median(step_ms[1:] or step_ms),
+    }
+
+
+def _result(table_name: str, arm, cfg, smoke: bool, phases: dict, compiled: dict, total: float):
+    """What both breakdowns report besides their step figures."""
+    import jax
+
+    evals, saves = _counts(cfg)
+    return {
+        "table": table_name,
+        "arm": arm.name,
+        "smoke": smoke,
+        "phases": {p: phases[p] for p in PHASES},
+        "compile_by_phase": compiled,
+        "total_s": total,
+        "other_s": total - sum(phases.values()),
+        "counts": {"steps": cfg.steps, "evals": evals, "checkpoint_saves": saves},
+        "cfg": _shape(cfg),
+        "compile_cache": jax.config.jax_compilation_cache_dir or None,
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def _header(b: dict, what: str) -> list[str]:
+    """A report's first lines: the run, the machine, the phase table."""
+    total = b["total_s"]
+    smoke = " (smoke)" if b["smoke"] else ""
+    lines = [
+        f"{b['table']} / {b['arm']} / {what}{smoke}: {b['cfg']}",
+        f"{b['devices']}, load average {b['load_average']:.1f}, compile cache "
+        f"{b['compile_cache'] or 'off'}",
+        "",
+        "| phase | s | % of total |",
+        "|---|---|---|",
+    ]
+    for name, s in [*b["phases"].items(), ("other", b["other_s"]), ("total", total)]:
+        lines.append(f"| {name} | {s:.2f} | {100 * s / total:.0f} |")
+    return lines
+
+
 def pick_arm(table, name: str):
     from experiments import harness
 
@@ -153,9 +213,7 @@ def breakdown(
     startup = measure_startup(table_name)
 
     def config(seed: int):
-        cfg = arm.make(harness.with_seed(table.base(seed, smoke), seed, workdir / "sft"))
-        cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
-        return harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples) if steps else cfg
+        return _run_config(table, arm, seed, smoke, steps, workdir / "sft")
 
     cfg = config(seed)
     clock = CompileClock()
@@ -205,33 +263,13 @@ def breakdown(
 
     phases = {"startup": startup, **{p: wall[p] - compiled[p] for p in wall}}
     phases["compile"] = sum(compiled.values())
-    evals, saves = _counts(cfg)
     later = rows[1:] or rows
-    result = {
-        "table": table_name,
-        "arm": arm.name,
-        "seed": seed,
-        "runs": runs,
-        "run_compile_s": run_compile,
-        "smoke": smoke,
-        "phases": {p: phases[p] for p in PHASES},
-        "compile_by_phase": compiled,
-        "total_s": total,
-        "other_s": total - sum(phases.values()),
-        "rl_step_ms": {
-            "mean": sum(step_ms) / len(step_ms),
-            "first": step_ms[0],
-            "median_after_first": statistics.median(step_ms[1:] or step_ms),
-            **{p: 1e3 * statistics.median(r[f"time/{p}"] for r in later) for p in STEP_PARTS},
-        },
-        "counts": {"steps": cfg.steps, "evals": evals, "checkpoint_saves": saves},
-        "cfg": _shape(cfg),
-        "compile_cache": jax.config.jax_compilation_cache_dir or None,
-        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-        "load_average": os.getloadavg()[0],
-    }
-    plan_cfg = lambda n: harness.budget(cfg, n, cfg.batch_prompts, cfg.samples)  # noqa: E731
-    result["estimate"] = estimate(result, *plan, evals_saves=_counts(plan_cfg(plan[2])))
+    result = _result(table_name, arm, cfg, smoke, phases, compiled, total)
+    parts = {p: 1e3 * statistics.median(r[f"time/{p}"] for r in later) for p in STEP_PARTS}
+    result.update(seed=seed, runs=runs, run_compile_s=run_compile,
+                  rl_step_ms={**_step_stats(step_ms), **parts})  # fmt: skip
+    plan_cfg = harness.budget(cfg, plan[2], cfg.batch_prompts, cfg.samples)
+    result["estimate"] = estimate(result, *plan, evals_saves=_counts(plan_cfg))
     return result
 
 
@@ -266,13 +304,8 @@ def lockstep_breakdown(
     arm = pick_arm(table, arm_name)
     logging.set_verbosity(logging.ERROR)
     startup = measure_startup(table_name)
-    cfgs = []
-    for seed in range(seeds):
-        cfg = arm.make(harness.with_seed(table.base(seed, smoke), seed, workdir / "sft"))
-        cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
-        cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=0))
-        cfgs.append(harness.budget(cfg, steps, cfg.batch_prompts, cfg.samples) if steps else cfg)
-    cfgs = [harness.with_seed(c, c.seed, workdir / "sft") for c in cfgs]  # one shared cache
+    # one shared warm start (sft.seed 0) for every seed
+    cfgs = [_run_config(table, arm, s, smoke, steps, workdir / "sft", 0) for s in range(seeds)]
     cfg = cfgs[0]
     clock = CompileClock()
     intervals: dict[str, list[tuple[float, float]]] = {p: [] for p in ("sft", *_LOOP_PHASES)}
@@ -303,27 +336,8 @@ def lockstep_breakdown(
     phases = {"startup": startup, **{p: wall[p] - compiled[p] for p in wall}}
     phases["compile"] = sum(compiled.values())
     step_ms = [1e3 * (b - a - clock.within(a, b)) for a, b in intervals["rl_steps"]]
-    evals, saves = _counts(cfg)
-    result = {
-        "table": table_name,
-        "arm": arm.name,
-        "seeds": seeds,
-        "smoke": smoke,
-        "phases": {p: phases[p] for p in PHASES},
-        "compile_by_phase": compiled,
-        "total_s": total,
-        "other_s": total - sum(phases.values()),
-        "step_ms": {
-            "mean": sum(step_ms) / len(step_ms),
-            "first": step_ms[0],
-            "median_after_first": statistics.median(step_ms[1:] or step_ms),
-        },
-        "counts": {"steps": cfg.steps, "evals": evals, "checkpoint_saves": saves},
-        "cfg": _shape(cfg),
-        "compile_cache": jax.config.jax_compilation_cache_dir or None,
-        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-        "load_average": os.getloadavg()[0],
-    }
+    result = _result(table_name, arm, cfg, smoke, phases, compiled, total)
+    result.update(seeds=seeds, step_ms=_step_stats(step_ms))
     plan_cfg = harness.budget(cfg, plan[2], cfg.batch_prompts, cfg.samples)
     result["estimate"] = lockstep_estimate(result, *plan, evals_saves=_counts(plan_cfg))
     return result
@@ -354,18 +368,8 @@ def lockstep_estimate(
 
 def lockstep_report(b: dict) -> str:
     """lockstep_breakdown as Markdown: header, phase table, lockstep step, the estimate."""
-    total, est, ms = b["total_s"], b["estimate"], b["step_ms"]
-    smoke = " (smoke)" if b["smoke"] else ""
-    cache = b["compile_cache"] or "off"
-    lines = [
-        f"{b['table']} / {b['arm']} / {b['seeds']} seeds in lockstep{smoke}: {b['cfg']}",
-        f"{b['devices']}, load average {b['load_average']:.1f}, compile cache {cache}",
-        "",
-        "| phase | s | % of total |",
-        "|---|---|---|",
-    ]
-    for name, s in [*b["phases"].items(), ("other", b["other_s"]), ("total", total)]:
-        lines.append(f"| {name} | {s:.2f} | {100 * s / total:.0f} |")
+    est, ms = b["estimate"], b["step_ms"]
+    lines = _header(b, f"{b['seeds']} seeds in lockstep")
     lines += [
         "",
         f"Lockstep RL step of {b['seeds']} seeds, compile excluded: {ms['mean']:.0f} ms mean "
@@ -413,18 +417,8 @@ def _seeds_text(b: dict) -> str:
 
 def report(b: dict) -> str:
     """The breakdown as Markdown: header, phase table, RL step, the plan estimate."""
-    total, est, ms = b["total_s"], b["estimate"], b["rl_step_ms"]
-    smoke = " (smoke)" if b["smoke"] else ""
-    cache = b["compile_cache"] or "off"
-    lines = [
-        f"{b['table']} / {b['arm']} / {_seeds_text(b)}{smoke}: {b['cfg']}",
-        f"{b['devices']}, load average {b['load_average']:.1f}, compile cache {cache}",
-        "",
-        "| phase | s | % of total |",
-        "|---|---|---|",
-    ]
-    for name, s in [*b["phases"].items(), ("other", b["other_s"]), ("total", total)]:
-        lines.append(f"| {name} | {s:.2f} | {100 * s / total:.0f} |")
+    est, ms = b["estimate"], b["rl_step_ms"]
+    lines = _header(b, _seeds_text(b))
     parts = ", ".join(f"{p} {ms[p]:.0f}" for p in STEP_PARTS)
     lines += [
         "",

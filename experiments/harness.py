@@ -310,13 +310,15 @@ def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None
         return
     import fcntl
 
+    from kjax.rl import seeds as seeds_lib
+
     pending = []
     for seed in seeds:
         run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
         cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
         if not (run_dir / "result.json").exists():
             pending.append((seed, run_dir, cfg))
-    if len(pending) < 2 or pending[0][2].dynamic_sampling or pending[0][2].verifier_workers:
+    if len(pending) < 2 or seeds_lib.unsupported(pending[0][2]):
         return
     locks, mine = [], []
     try:

@@ -36,6 +36,7 @@ __all__ = [
     "eval_metrics",
     "eval_problems",
     "evaluate",
+    "evals_of",
     "fill_batch",
     "finite_or_raise",
     "postfix",
@@ -332,4 +333,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
     records = c.metrics.records
     if multihost.is_leader():
         evaluation.plot(records, c.workdir, title=cfg.name)
-    return last_eval or {k: v for k, v in records[-1].items() if k.startswith("eval/")}
+    return last_eval or evals_of(records[-1])
+
+
+def evals_of(row: dict) -> dict[str, float]:
+    """The eval/* metrics of a metrics row (a resumed, finished run's last evaluation)."""
+    return {k: v for k, v in row.items() if k.startswith("eval/")}

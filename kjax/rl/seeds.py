@@ -48,7 +48,7 @@ from kjax.rl.config import RewardSource, TrainConfig, to_json
 from kjax.rl.objective import compute_advantages
 from kjax.rl.train_step import RLBatch, TrainState
 
-__all__ = ["lockstep_identity", "train_seeds"]
+__all__ = ["lockstep_identity", "train_seeds", "unsupported"]
 
 
 def lockstep_identity(cfg: TrainConfig) -> dict:
@@ -79,19 +79,26 @@ def _check(cfgs: Sequence[TrainConfig], workdirs: Sequence) -> None:
                 f"in {fields}; lockstep runs may differ only in seed, name and "
                 "sft.cache_dir. Train the others with train_and_evaluate or another call."
             )
-    cfg = cfgs[0]
+    reason = unsupported(cfgs[0])
+    if reason:
+        raise ValueError(f"train_seeds: {reason}")
+
+
+def unsupported(cfg: TrainConfig) -> str | None:
+    """Why runs of cfg cannot train in lockstep (with the fix), or None when they can."""
     if cfg.dynamic_sampling:
-        raise ValueError(
-            "train_seeds: dynamic_sampling=true refills each seed's batch a different number "
-            "of times, which breaks the lockstep; train it with train_and_evaluate."
+        return (
+            "dynamic_sampling=true refills each seed's batch a different number of times, "
+            "which breaks the lockstep; train it with train_and_evaluate."
         )
     if cfg.verifier_workers:
-        raise ValueError(
-            "train_seeds: verifier_workers > 0 is not supported in lockstep; set "
-            "verifier_workers=0 or use train_and_evaluate."
+        return (
+            "verifier_workers > 0 is not supported in lockstep; set verifier_workers=0 or "
+            "use train_and_evaluate."
         )
     if jax.process_count() > 1:
-        raise ValueError("train_seeds runs in one process; use train_and_evaluate on multihost.")
+        return "it runs in one process; use train_and_evaluate on multihost."
+    return None
 
 
 def _stack(trees):
@@ -115,6 +122,7 @@ class _Lockstep:
         c0 = comps[0]
         self.comps, self.cfg, self.S = comps, c0.cfg, len(comps)
         self.keys = jnp.stack([c.base_key for c in comps])  # [S] typed keys
+        self.eval_keys = jnp.stack([loop.eval_key(c) for c in comps])  # fixed across evals
         kl = c0.ref_params is not None
         self.ref = _stack([c.ref_params for c in comps]) if kl else None
         self.update = jax.jit(
@@ -132,8 +140,6 @@ class _Lockstep:
             sampler = functools.partial(self.comps[0].sampler, n=n)
             fn = jax.jit(jax.vmap(sampler, in_axes=(0, axis, axis, 0, None)))
             self._samplers[(n, shared)] = fn
-        if not shared:
-            prompts, pmask = jax.device_put(prompts, self.sh), jax.device_put(pmask, self.sh)
         return fn(params, prompts, pmask, keys, jnp.float32(temperature))
 
     def advantages(self, k: int, scores, answer_ids, target):
@@ -149,8 +155,7 @@ def _evaluate(L: _Lockstep, params, alive: Sequence[int]) -> dict[int, dict]:
     c0, e = L.comps[0], L.cfg.eval
     problems = loop.eval_problems(c0)
     prompts, pmask = task_lib.prompt_batch(c0.task, problems)
-    keys = jnp.stack([loop.eval_key(c) for c in L.comps])
-    ro = L.sample(params, prompts, pmask, keys, e.n_eval, e.temperature, shared=True)
+    ro = L.sample(params, prompts, pmask, L.eval_keys, e.n_eval, e.temperature, shared=True)
     tokens, mask = evaluation.to_host(ro.tokens), evaluation.to_host(ro.mask)
     return {
         s: loop.eval_metrics(L.comps[s].cfg, loop.verify(L.comps[s], problems, tokens[s], mask[s]))
@@ -166,15 +171,9 @@ def _step(L: _Lockstep, state: TrainState, step: int, batches, alive) -> tuple:
     examples = [next(b) for b in batches]
     pb = [task_lib.prompt_batch(c.task, ex) for c, ex in zip(L.comps, examples, strict=True)]
     keys = _fold(_fold(L.keys, step), 0)  # loop.rl_step's fold_in(fold_in(key, step), attempt)
-    ro = L.sample(
-        state.params,
-        np.stack([p for p, _ in pb]),
-        np.stack([m for _, m in pb]),
-        keys,
-        cfg.samples,
-        cfg.temperature,
-        shared=False,
-    )
+    prompts = jax.device_put(np.stack([p for p, _ in pb]), L.sh)
+    pmask = jax.device_put(np.stack([m for _, m in pb]), L.sh)
+    ro = L.sample(state.params, prompts, pmask, keys, cfg.samples, cfg.temperature, shared=False)
     tokens, mask = evaluation.to_host(ro.tokens), evaluation.to_host(ro.mask)
     t1 = time.perf_counter()
     verdicts = [loop.verify(L.comps[s], examples[s], tokens[s], mask[s]) for s in range(S)]
@@ -183,11 +182,11 @@ def _step(L: _Lockstep, state: TrainState, step: int, batches, alive) -> tuple:
     answers = np.stack([v.answer_ids for v in verdicts])
     adv = L.advantages(k, scores, answers, np.stack([v.target for v in verdicts]))
     t3 = time.perf_counter()
-    batch = RLBatch(
-        prompts=jax.device_put(np.stack([p for p, _ in pb]), L.sh),
-        prompt_mask=jax.device_put(np.stack([m for _, m in pb]), L.sh),
-        tokens=jax.device_put(tokens, L.sh),
-        mask=jax.device_put(mask, L.sh),
+    batch = RLBatch(  # the rollout stays on device; only the host's verdicts go up
+        prompts=prompts,
+        prompt_mask=pmask,
+        tokens=ro.tokens,
+        mask=ro.mask,
         sampler_logprobs=ro.logprobs,
         scores=jax.device_put(scores, L.sh),
         advantages=adv,
@@ -268,9 +267,7 @@ def _run_group(comps, states, positions, start: int, results, log, progress, tim
         for s in alive:
             comps[s].checkpointer.wait()
     for s in alive:
-        results[s] = last[s] or {
-            k: v for k, v in comps[s].metrics.records[-1].items() if k.startswith("eval/")
-        }
+        results[s] = last[s] or loop.evals_of(comps[s].metrics.records[-1])
 
 
 def train_seeds(
@@ -311,8 +308,7 @@ def train_seeds(
             group = [i for i, s in enumerate(starts) if s == start]
             if start >= comps[group[0]].cfg.steps:  # finished already: its last evaluation
                 for i in group:
-                    rows = comps[i].metrics.records
-                    results[i] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")}
+                    results[i] = loop.evals_of(comps[i].metrics.records[-1])
                 continue
             mine: list = [None] * len(group)
             _run_group(
