@@ -27,7 +27,7 @@ import numpy as np
 
 from experiments import harness
 from experiments.claims import Claim, ClaimKind
-from experiments.configs import tiny_arith
+from experiments.configs import tiny_countdown
 from experiments.harness import Arm
 from experiments.tuning import Tuning
 from kjax.rl.config import MaxAtKEstimator, Objective, ObjectiveConfig
@@ -37,7 +37,7 @@ LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 
 
 def base(seed: int, smoke: bool):
-    cfg = tiny_arith.BASE
+    cfg = tiny_countdown.EXACT_BASE
     return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 

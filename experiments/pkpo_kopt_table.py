@@ -18,7 +18,7 @@ import sys
 
 from experiments import harness
 from experiments.claims import Claim, ClaimKind
-from experiments.configs import tiny_arith
+from experiments.configs import tiny_countdown
 from experiments.harness import Arm
 from experiments.tuning import Tuning
 from kjax.rl.config import KSchedule, KScheduleKind, Objective, ObjectiveConfig
@@ -29,7 +29,7 @@ KS = (1, 2, 4, 8, 16)
 
 
 def base(seed: int, smoke: bool):
-    cfg = tiny_arith.BASE
+    cfg = tiny_countdown.EXACT_BASE
     return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 
