@@ -52,6 +52,7 @@ EXACT = dataclasses.replace(BASE.task, reward=Reward.EXACT)
 MAX_AT_K = ObjectiveConfig(Objective.MAX_AT_K, k=8)
 # The binary testbed of the pass@k tables (1, 2 and 6): an exact hit scores 1, else 0.
 EXACT_BASE = dataclasses.replace(BASE, name="tiny_countdown_exact", task=EXACT)
+EXACT_TESTBED = "Countdown (3 numbers <= 20, targets <= 100) with the exact-hit reward"
 
 PRESETS = {
     "mean": dataclasses.replace(BASE, name="tiny_countdown_mean"),
