@@ -92,6 +92,7 @@ class Context:
     validate_only: bool = False  # build and validate every arm's config, train none
     report_only: bool = False  # train nothing: a run not finished is an error (tuning)
     lockstep: int = 0  # >= 2: an arm's pending seeds train in groups of this many together
+    reuse: tuple[pathlib.Path, ...] = ()  # other tables' workdirs whose identical runs count
 
 
 class ArmFailed(RuntimeError):
@@ -247,6 +248,41 @@ def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Pat
     return row
 
 
+def finished_by_config(workdirs: Sequence[pathlib.Path]) -> dict[str, pathlib.Path]:
+    """{config_sha: result.json} of every finished run (reported or tuning) under the
+    workdirs of other tables (--reuse_runs); the first workdir given wins a tie."""
+    found: dict[str, pathlib.Path] = {}
+    for workdir in workdirs:
+        if not workdir.is_dir():
+            raise FileNotFoundError(f"--reuse_runs={workdir}: no such folder")
+        for path in sorted(workdir.glob("*/**/result.json")):
+            row = json.loads(path.read_text())
+            sha = row.get("config_sha")
+            if sha and row.get("status") in ("ok", "diverged"):
+                found.setdefault(sha, path)
+    return found
+
+
+_FINISHED: dict[tuple, dict[str, pathlib.Path]] = {}
+
+
+def reused_row(table: Table, arm: Arm, seed: int, ctx: Context, sha: str) -> dict | None:
+    """The row of a finished run of another table (ctx.reuse) whose whole config,
+    fingerprinted, is this run's: the same training, so its result is this run's too
+    (README: tables 1, 2 and 6 share their mean, LOO-1 and centred PG arms). It keeps the
+    provenance of the process that trained it and says where it came from."""
+    if not ctx.reuse:
+        return None
+    if ctx.reuse not in _FINISHED:  # scanned once per process; those tables are finished
+        _FINISHED[ctx.reuse] = finished_by_config(ctx.reuse)
+    path = _FINISHED[ctx.reuse].get(sha)
+    if path is None:
+        return None
+    row = json.loads(path.read_text())
+    return {**row, "table": table.name, "arm": arm.name, "seed": seed,
+            "reused_from": str(path)}  # fmt: skip
+
+
 def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict:
     row = {"table": table.name, "arm": arm.name, "seed": seed, "provenance": provenance()}
     if ctx.validate_only or (ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms):
@@ -266,6 +302,10 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
         if done.exists():  # another worker finished it meanwhile
             return _reuse(table, arm, seed, ctx, run_dir)
         row["config_sha"] = fingerprint(arm_config(table, arm, seed, ctx))
+        reused = reused_row(table, arm, seed, ctx, row["config_sha"])
+        if reused is not None:
+            done.write_text(json.dumps(reused, indent=1))
+            return reused
         start = time.time()
         try:
             metrics = (table.execute or rl_execute)(table, arm, seed, run_dir, ctx)
@@ -316,8 +356,9 @@ def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None
     for seed in seeds:
         run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
         cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
-        if not (run_dir / "result.json").exists():
-            pending.append((seed, run_dir, cfg))
+        sha = fingerprint(arm_config(table, arm, seed, ctx))
+        if not (run_dir / "result.json").exists() and not reused_row(table, arm, seed, ctx, sha):
+            pending.append((seed, run_dir, cfg))  # run_one takes the reused ones
     if len(pending) < 2 or seeds_lib.unsupported(pending[0][2]):
         return
     locks, mine = [], []
@@ -467,6 +508,11 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
                         "over a seed axis (kjax.rl.seeds; the same runs up to float "
                         "rounding). Default 0: one seed at a time, which is faster on a "
                         "2-core CPU (BUILD.md, Paper tables)")  # fmt: skip
+    p.add_argument("--reuse_runs", default="", metavar="DIR[,DIR]",
+                   help="workdirs of other tables: a run (reported or tuning) whose whole "
+                        "config matches one finished there takes its result instead of "
+                        "training again (give those tables' --sft_dir too, so the warm "
+                        "start is the same file)")  # fmt: skip
     p.add_argument("--from_rows", default="",
                    help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
                         "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
@@ -551,10 +597,20 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     setup_jax(workdir)
     seeds = [0] if args.smoke else list(range(args.seeds))
     sft_dir = pathlib.Path(args.sft_dir or workdir / "sft")
+    reuse = tuple(pathlib.Path(d.strip()) for d in args.reuse_runs.split(",") if d.strip())
     ctx = Context(
-        workdir, sft_dir, args.smoke, report_only=args.report_only, lockstep=args.lockstep
+        workdir,
+        sft_dir,
+        args.smoke,
+        report_only=args.report_only,
+        lockstep=args.lockstep,
+        reuse=reuse,
     )
     start = time.time()
+    missing = [str(d) for d in ctx.reuse if not d.is_dir()]
+    if missing:
+        print(f"error: --reuse_runs: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
     if args.from_rows:
         return rejudge(table, pathlib.Path(args.from_rows), workdir)
     chosen, tuning_rows = None, []

@@ -481,3 +481,45 @@ def test_lockstep_flag_is_checked_and_skipped_for_a_table_with_its_own_execute(t
     assert "--lockstep does not apply: this table runs its own execute" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all("lockstep_seeds" not in r for r in rows)
+
+
+def test_reuse_runs_takes_identical_runs_of_another_table_and_trains_the_rest(tmp_path, capsys):
+    """--reuse_runs: a run (tuning or reported) whose whole config matches a finished run of
+    another table takes that row; any difference (another arm, another warm-start folder)
+    trains. Here "a2" is "a" under another name, "c" is new."""
+    SEEN.clear()
+    first, sft = tmp_path / "first", str(tmp_path / "sft")
+    assert (
+        harness.main(_tuning_table(), ["--workdir", str(first), "--seeds=2", f"--sft_dir={sft}"])
+        == 0
+    )
+    half = lambda c: dataclasses.replace(c, objective=ObjectiveConfig(Objective.MAX_AT_K, k=4))  # noqa: E731
+    other = dataclasses.replace(
+        _tuning_table(),
+        name="other",
+        arms=(Arm("a2", lambda c: c), Arm("c", half)),
+        claims=(Claim("1", "c beats a2", "max@1", "c", "a2"),),
+    )
+    SEEN.clear()
+    args = ["--workdir", str(tmp_path / "second"), "--seeds=2", f"--sft_dir={sft}"]
+    assert harness.main(other, [*args, f"--reuse_runs={first}"]) == 0
+    assert {arm for arm, *_ in SEEN} == {"c"} and len(SEEN) == 4 * 2 + 2  # grid x tuning + seeds
+    rows = {
+        (r["arm"], r["seed"]): r
+        for r in map(json.loads, (tmp_path / "second" / "other.jsonl").read_text().splitlines())
+    }
+    mine = {
+        (r["arm"], r["seed"]): r
+        for r in map(json.loads, (first / "tt.jsonl").read_text().splitlines())
+    }
+    for seed in (0, 1):
+        assert rows["a2", seed]["metrics"] == mine["a", seed]["metrics"]
+        assert rows["a2", seed]["config_sha"] == mine["a", seed]["config_sha"]
+        assert rows["a2", seed]["reused_from"].startswith(str(first))
+        assert "reused_from" not in rows["c", seed]
+    SEEN.clear()  # another warm-start folder is another config: everything trains
+    elsewhere = ["--workdir", str(tmp_path / "third"), "--seeds=2", f"--reuse_runs={first}"]
+    assert harness.main(other, elsewhere) == 0
+    assert {arm for arm, *_ in SEEN} == {"a2", "c"}
+    assert harness.main(other, [*args, f"--reuse_runs={tmp_path / 'nowhere'}"]) == 2
+    assert "--reuse_runs: no such folder" in capsys.readouterr().err
