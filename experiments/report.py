@@ -84,6 +84,8 @@ def report(
             "",
             tuning.tuning_table(chosen),
             "",
+            tuning.edge_note(chosen),
+            "",
         ]
     parts += [
         f"Diverged: {', '.join(diverged) or 'none'}. Compute: {hours:.2f} h of run time "

@@ -80,6 +80,30 @@ def choose(grid: Sequence[float], scores: Sequence[float]) -> float:
     return min(lr for lr, s in zip(grid, scores, strict=True) if s == best)
 
 
+def at_edge(chosen: dict[str, dict]) -> dict[str, str]:
+    """{arm: "largest" | "smallest"} for the arms whose chosen rate is an end of a grid of
+    three or more rates: the best rate may lie beyond the grid, which a wider grid would
+    show. chosen: as tuning_table's."""
+    edges = {}
+    for arm, c in chosen.items():
+        grid = sorted(c["grid"])
+        if len(grid) >= 3 and c["lr"] in (grid[0], grid[-1]):
+            edges[arm] = "largest" if c["lr"] == grid[-1] else "smallest"
+    return edges
+
+
+def edge_note(chosen: dict[str, dict]) -> str:
+    """One line naming the arms tuned at an end of their grid (at_edge), or saying none."""
+    edges = at_edge(chosen)
+    if not edges:
+        return "Chosen at an end of the grid: none."
+    named = ", ".join(f"{arm} ({end})" for arm, end in edges.items())
+    return (
+        f"Chosen at an end of the grid, so the best rate may lie beyond it (a wider grid "
+        f"would tell): {named}."
+    )
+
+
 def tuning_table(chosen: dict[str, dict]) -> str:
     """Markdown: per arm, the metric it was tuned on, each rate's mean validation score and
     the chosen rate. chosen: {arm: {"metric", "grid": [lr], "scores": [mean], "lr"}}."""

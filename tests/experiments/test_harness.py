@@ -413,6 +413,7 @@ def test_tuning_picks_each_arms_rate_on_validation_and_tuning_seeds_only(tmp_pat
     tuning_rows = (tmp_path / "tt.tuning.jsonl").read_text().splitlines()
     assert len(tuning_rows) == 16 and all('"lr"' in r for r in tuning_rows)
     assert "| a | objective |" in (tmp_path / "tt.md").read_text()
+    assert "would tell): b (largest)." in (tmp_path / "tt.md").read_text()  # 2e-3 ends the grid
     SEEN.clear()  # a rerun finds every run finished: nothing trains again
     assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
     assert SEEN == []
@@ -427,6 +428,14 @@ def test_tuning_rules():
         tuning.for_tuning(TrainConfig(), 1e-3)
     with pytest.raises(ValueError, match=">= 100"):
         tuning.Tuning(grid=(1e-3,), seeds=(0, 1))  # a reported seed
+    grid = [1e-3, 2.5e-4, 5e-4]  # in any order
+    chosen = {
+        a: {"grid": grid, "lr": lr} for a, lr in (("lo", 2.5e-4), ("mid", 5e-4), ("hi", 1e-3))
+    }
+    assert tuning.at_edge(chosen) == {"lo": "smallest", "hi": "largest"}
+    assert tuning.at_edge({"two": {"grid": [1e-4, 1e-3], "lr": 1e-3}}) == {}  # every rate is an end
+    assert "hi (largest)" in tuning.edge_note(chosen) and "mid" not in tuning.edge_note(chosen)
+    assert tuning.edge_note({"mid": chosen["mid"]}) == "Chosen at an end of the grid: none."
 
 
 def test_a_claim_without_an_equivalence_margin_is_never_a_null_result():
