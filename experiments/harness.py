@@ -106,13 +106,26 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9]+", "_", name).strip("_").lower()
 
 
+def task_slug(task) -> str:
+    """The task kind, and its reward when not the kind's default (Countdown's exact-hit
+    tables 1 and 2 beside table 3's near-miss one): a warm start records its task, so two
+    tasks sharing one --sft_dir need two folders."""
+    reward = getattr(task, "reward", None)
+    fields = {f.name: f for f in dataclasses.fields(task)} if dataclasses.is_dataclass(task) else {}
+    default = fields["reward"].default if "reward" in fields else None
+    if reward is None or reward == default:
+        return slug(task.kind)
+    return f"{slug(task.kind)}_{slug(getattr(reward, 'value', str(reward)))}"
+
+
 def with_seed(cfg, seed: int, sft_dir: pathlib.Path):
     """cfg for `seed`, its SFT warm start cached in sft_dir/<task>_seedS (shared by all
     arms), or in sft_dir/<task>_sft_seedX for every seed when the warm start's seed is fixed
-    (sft.seed); the task kind keeps tables of different tasks apart in one --sft_dir."""
+    (sft.seed); the task (task_slug) keeps tables of different tasks apart in one --sft_dir."""
     name = f"seed{seed}" if cfg.sft.seed is None else f"sft_seed{cfg.sft.seed}"
     task = getattr(cfg, "task", None)  # test doubles of a config may have none
-    name = f"{slug(task.kind)}_{name}" if task is not None else name
+    if task is not None:
+        name = f"{task_slug(task)}_{name}"
     sft = dataclasses.replace(cfg.sft, cache_dir=str(sft_dir / name))
     return dataclasses.replace(cfg, seed=seed, sft=sft)
 

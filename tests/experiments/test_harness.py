@@ -532,3 +532,17 @@ def test_reuse_runs_takes_identical_runs_of_another_table_and_trains_the_rest(tm
     assert {arm for arm, *_ in SEEN} == {"a2", "c"}
     assert harness.main(other, [*args, f"--reuse_runs={tmp_path / 'nowhere'}"]) == 2
     assert "--reuse_runs: no such folder" in capsys.readouterr().err
+
+
+def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
+    """A warm start records its task, so Countdown's exact-hit tables (1, 2) and its
+    near-miss table (3) sharing one --sft_dir must not share a folder; a kind's default
+    reward keeps the plain name."""
+    from experiments.configs import tiny_arith, tiny_countdown
+
+    def folder(cfg):
+        return pathlib.Path(harness.with_seed(cfg, 0, tmp_path).sft.cache_dir).name
+
+    assert folder(tiny_countdown.BASE) == "countdown_seed0"
+    assert folder(tiny_countdown.EXACT_BASE) == "countdown_exact_seed0"
+    assert folder(tiny_arith.BASE) == "arith_seed0"
