@@ -368,9 +368,10 @@ def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None
     pending = []
     for seed in seeds:
         run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
-        cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
-        sha = fingerprint(arm_config(table, arm, seed, ctx))
-        if not (run_dir / "result.json").exists() and not reused_row(table, arm, seed, ctx, sha):
+        asked = arm_config(table, arm, seed, ctx)
+        cfg = dataclasses.replace(asked, name=slug(arm.name))
+        reused = reused_row(table, arm, seed, ctx, fingerprint(asked))
+        if not (run_dir / "result.json").exists() and not reused:
             pending.append((seed, run_dir, cfg))  # run_one takes the reused ones
     if len(pending) < 2 or seeds_lib.unsupported(pending[0][2]):
         return
