@@ -2,11 +2,12 @@
 
   python -m experiments.estimators_2026_table --workdir=DIR [--seeds=10] [--smoke]
 
-Budget (tiny_arith, CPU; harness.design): one SFT warm start for every seed (1500 steps of
-64), then 200 RL steps of 16 prompts x 16 samples (PG, AdamW, each arm's learning rate from
-{2.5e-4, 5e-4, 1e-3} by experiments.tuning's protocol) for: the mean objective (RLOO), and
-pass@k (k = 8) with PKPO's S, LOO and LOO-minus-one, Tang et al.'s centred (biased)
-variant, MaxPO's L2O, and the MaxRL mixture sum_{k<=16} (1/k) pass@k (LOO-minus-one per k).
+Budget (tiny_countdown, exact hit, CPU; harness.design): one SFT warm start for every seed
+(1500 steps of 64), then 200 RL steps of 16 prompts x 16 samples (PG, AdamW, each arm's
+learning rate from {2.5e-4, 5e-4, 1e-3} by experiments.tuning's protocol) for: the mean
+objective (RLOO), and pass@k (k = 8) with PKPO's S, LOO and LOO-minus-one, Tang et al.'s
+centred (biased) variant, MaxPO's L2O, and the MaxRL mixture sum_{k<=16} (1/k) pass@k
+(LOO-minus-one per k).
 Evaluation: 1000 held-out problems, 32 samples each, unbiased pass@1/8/16.
 
 Gradient variance: at the warm start (the same policy for every estimator and seed), 16
@@ -15,7 +16,11 @@ on those same samples give a policy-gradient estimate g_r = (1/B) sum_{b,i} A_bi
 pi(y_bi) (the trainer's token-sum surrogate); the column is the trace of its covariance over
 the batches, (1/(R-1)) sum_r |g_r - mean g|^2. S, LOO, LOO-1 and L2O estimate the same
 gradient (of pass@8), so their variances compare directly. 7 arms x 10 seeds plus 42
-tuning runs: 23.1 minutes measured on 2 quiet CPU cores.
+tuning runs: 23.1 minutes measured on 2 quiet CPU cores on arithmetic (Countdown: BUILD.md).
+
+The task is Countdown with the exact-hit reward (tiny_countdown.EXACT_BASE), as in tables 1
+and 2: the testbed where mean-reward RL lowers pass@k below the warm start (README, Results:
+the testbed); the earlier 2-digit arithmetic run is in experiments/results/arith/.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 from experiments import harness
 from experiments.claims import Claim, ClaimKind
-from experiments.configs import tiny_arith
+from experiments.configs import tiny_countdown
 from experiments.harness import Arm
 from experiments.tuning import Tuning
 from kjax.rl.config import MaxAtKEstimator, Objective, ObjectiveConfig
@@ -37,7 +42,7 @@ LEARNING_RATES = (2.5e-4, 5e-4, 1e-3)
 
 
 def base(seed: int, smoke: bool):
-    cfg = tiny_arith.BASE
+    cfg = tiny_countdown.EXACT_BASE
     return harness.smoke_base(cfg) if smoke else harness.design(cfg, STEPS, B, N)
 
 
@@ -105,7 +110,7 @@ def gradient_variance(table, seed: int, ctx) -> dict[str, dict[str, float]]:
 L2O, LOO1 = "pass@8 L2O", "pass@8 LOO-1"
 TABLE = harness.Table(
     name="estimators_2026_table",
-    title="k-sample estimators at equal budgets: L2O and MaxRL (tiny_arith)",
+    title="k-sample estimators at equal budgets: L2O and MaxRL (tiny_countdown, exact hit)",
     arms=(
         Arm("mean (RLOO)", objective(Objective.MEAN)),
         Arm("pass@8 S", objective(Objective.MAX_AT_K, MaxAtKEstimator.S)),
@@ -207,7 +212,8 @@ TABLE = harness.Table(
     smoke_arms=(L2O, "MaxRL (T=16)"),
     budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG) from one 1500-step SFT warm "
     f"start, each arm's learning rate tuned; eval 1000 test problems x 32 samples; gradient "
-    f"variance over {BATCHES} batches of {B} x {N} at the warm start",
+    f"variance over {BATCHES} batches of {B} x {N} at the warm start; "
+    f"{tiny_countdown.EXACT_TESTBED}",
     tuning=Tuning(grid=LEARNING_RATES),
     per_seed=gradient_variance,
     derive=lambda m: {"log_gradvar": float(np.log(m["gradvar"]))} if "gradvar" in m else {},
