@@ -31,7 +31,7 @@ The plan estimate scales the measured phases: startup once (one process), the wa
 and its compile once per seed, build, the run's compile, RL steps, evals and checkpoints
 once per run, with the eval and checkpoint counts of harness.budget at --plan_steps.
 It assumes every arm costs what the measured one does (PPO arms update twice per step)
-and no persistent compile cache (harness.setup_jax's cache serves arms that compile the
+and no persistent compile cache (table_cli.setup_jax's cache serves arms that compile the
 same step, so real compile is lower). No cache is enabled here unless
 JAX_COMPILATION_CACHE_DIR is set; the report says which. --smoke uses harness.smoke_base
 (1-layer model, 2 RL steps of 8 x 8, 4 SFT steps): 46 s measured, 54 s for the command, 35 s

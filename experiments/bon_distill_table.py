@@ -60,7 +60,7 @@ import functools
 import math
 import sys
 
-from experiments import harness
+from experiments import harness, table_cli, table_runs
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_countdown, tiny_countdown_bon
 from experiments.harness import Arm
@@ -193,7 +193,7 @@ def equal_reward_kl(table, seed: int, ctx) -> dict[str, dict[str, float]]:
     MEAN: {"kl_at_bon_reward": the KL mean-RL's curve has at BoN's held-out mean reward,
     "reaches_bon_reward": 1.0 or 0.0}} (nothing for an arm that did not run)."""
     arms = {a.name: a for a in table.arms}
-    rows = {name: harness.run_one(table, arms[name], seed, ctx) for name in (MEAN, BON)}
+    rows = {name: table_runs.run_one(table, arms[name], seed, ctx) for name in (MEAN, BON)}
     mean, bon = (rows[name]["metrics"] for name in (MEAN, BON))
     if "kl_seq" not in bon or "start/max@1" not in mean:
         return {}
@@ -340,4 +340,4 @@ TABLE = harness.Table(
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(TABLE, default_seeds=10))
+    sys.exit(table_cli.main(TABLE, default_seeds=10))

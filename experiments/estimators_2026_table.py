@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments import harness
+from experiments import harness, table_cli
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_countdown
 from experiments.harness import Arm
@@ -221,4 +221,4 @@ TABLE = harness.Table(
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(TABLE, default_seeds=10))
+    sys.exit(table_cli.main(TABLE, default_seeds=10))

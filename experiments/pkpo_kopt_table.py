@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from experiments import harness
+from experiments import harness, table_cli
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_countdown
 from experiments.harness import Arm
@@ -85,4 +85,4 @@ TABLE = harness.Table(
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(TABLE, default_seeds=10))
+    sys.exit(table_cli.main(TABLE, default_seeds=10))

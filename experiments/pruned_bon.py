@@ -420,11 +420,11 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     model = Model(args.model)
-    from experiments import harness
+    from experiments import table_cli
 
     workdir = pathlib.Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    harness.setup_jax(workdir)
+    table_cli.setup_jax(workdir)
     setup = SETUPS[model, args.smoke]
     start = time.perf_counter()
     params, model_config, task, cfg = run_setup(

@@ -47,7 +47,7 @@ import sys
 
 import numpy as np
 
-from experiments import harness
+from experiments import harness, table_cli
 from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_arith
 from experiments.harness import Arm
@@ -216,4 +216,4 @@ TABLE = harness.Table(
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(TABLE, default_seeds=10))
+    sys.exit(table_cli.main(TABLE, default_seeds=10))

@@ -10,7 +10,7 @@ weighted max@k sum for a mixture such as MaxRL). The rate with the highest mean 
 seeds is the arm's; a diverged run scores -inf. Nothing about the test problems or the
 reported seeds enters the choice, so the reported comparison is not tuned on its own data.
 
-The harness runs the grid (experiments.harness.tune) and reports it; this module holds the
+The harness runs the grid (experiments.table_cli.tune) and reports it; this module holds the
 protocol's rules, free of the run machinery.
 """
 

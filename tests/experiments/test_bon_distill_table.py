@@ -13,13 +13,13 @@ import jax
 import pytest
 
 from experiments import bon_distill_table as bon
-from experiments import claims, harness, report
+from experiments import claims, harness, report, table_cli
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("bon_distill_table")
-    assert harness.main(bon.TABLE, ["--workdir", str(workdir), "--smoke"]) == 0
+    assert table_cli.main(bon.TABLE, ["--workdir", str(workdir), "--smoke"]) == 0
     return workdir
 
 
@@ -62,7 +62,7 @@ def test_kl_is_zero_to_itself_and_positive_to_another_policy(smoke):
 
     arm = next(a for a in bon.TABLE.arms if a.name == bon.BON)
     chosen = json.loads((smoke / f"{bon.TABLE.name}.claims.json").read_text())["tuning"]["chosen"]
-    ctx = harness.with_tuned_rates(harness.Context(smoke, smoke / "sft", smoke=True), chosen)
+    ctx = table_cli.with_tuned_rates(harness.Context(smoke, smoke / "sft", smoke=True), chosen)
     cfg = harness.arm_config(bon.TABLE, arm, 0, ctx)
     cfg = dataclasses.replace(cfg, name=harness.slug(arm.name))
     run_dir = smoke / "runs" / harness.slug(arm.name) / "seed0" / "run"

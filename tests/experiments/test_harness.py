@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import claims, harness, tuning
+from experiments import claims, harness, table_cli, table_runs, tuning
 from experiments.claims import Claim, ClaimKind, MetricKey
 from experiments.harness import Arm
 from experiments.provenance import git_commit, provenance
@@ -314,9 +314,9 @@ def test_a_broken_arm_stops_the_table(tmp_path, capsys):
     table = _table(Arm("a", lambda c: c), Arm("broken", broken))
     ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=False, log=lambda *a: None)
     with pytest.raises(harness.ArmFailed, match=r"arm 'broken' at seed 0 .*AttributeError") as e:
-        harness.run_one(table, table.arms[1], 0, ctx)
+        table_runs.run_one(table, table.arms[1], 0, ctx)
     assert isinstance(e.value.__cause__, AttributeError)
-    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 1
+    assert table_cli.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 1
     err = capsys.readouterr().err
     assert "error: table t: arm 'broken' at seed 0 failed with AttributeError" in err
     assert not (tmp_path / "t.md").exists()  # no table from a broken arm
@@ -329,13 +329,13 @@ def test_a_finished_run_of_another_config_is_an_error_not_a_result(tmp_path, cap
     arm (here its value; in a table, a learning rate tuned again) stops the table."""
     table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
     args = ["--workdir", str(tmp_path), "--seeds", "1"]
-    assert harness.main(table, args) == 0
+    assert table_cli.main(table, args) == 0
     changed = _table(Arm("a", lambda c: c), Arm("b", lambda c: dataclasses.replace(c, value=0.7)))
-    assert harness.main(table, args) == 0  # the same config: reused
-    assert harness.main(changed, args) == 1
+    assert table_cli.main(table, args) == 0  # the same config: reused
+    assert table_cli.main(changed, args) == 1
     assert "holds a finished run of another config" in capsys.readouterr().err
     shutil.rmtree(tmp_path / "runs" / "b" / "seed0")  # the fix the message names
-    assert harness.main(changed, args) == 0
+    assert table_cli.main(changed, args) == 0
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert {r["arm"]: r["metrics"]["m"] for r in rows} == {"a": 0.5, "b": 0.7}
 
@@ -343,7 +343,7 @@ def test_a_finished_run_of_another_config_is_an_error_not_a_result(tmp_path, cap
 def test_diverged_runs_are_rows_and_every_output_has_provenance(tmp_path):
     nan = lambda c: dataclasses.replace(c, value=math.nan)  # noqa: E731
     table = _table(Arm("a", lambda c: c), Arm("nan", nan), Arm("b", lambda c: c))
-    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    assert table_cli.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert [(r["arm"], r["status"]) for r in rows] == [
         ("a", "ok"),
@@ -400,7 +400,7 @@ def _tuning_table(grid=(2.5e-4, 5e-4, 1e-3, 2e-3)):
 def test_tuning_picks_each_arms_rate_on_validation_and_tuning_seeds_only(tmp_path):
     SEEN.clear()
     table = _tuning_table()
-    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    assert table_cli.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
     tuned = [s for s in SEEN if s[2] is EvalSplit.VALIDATION]
     reported = [s for s in SEEN if s[2] is EvalSplit.TEST]
     assert {seed for _, seed, _, _ in tuned} == {1000, 1001}  # never a reported seed
@@ -415,7 +415,7 @@ def test_tuning_picks_each_arms_rate_on_validation_and_tuning_seeds_only(tmp_pat
     assert "| a | objective |" in (tmp_path / "tt.md").read_text()
     assert "would tell): b (largest)." in (tmp_path / "tt.md").read_text()  # 2e-3 ends the grid
     SEEN.clear()  # a rerun finds every run finished: nothing trains again
-    assert harness.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
+    assert table_cli.main(table, ["--workdir", str(tmp_path), "--seeds", "2"]) == 0
     assert SEEN == []
 
 
@@ -450,43 +450,43 @@ def test_a_claim_without_an_equivalence_margin_is_never_a_null_result():
 
 def test_from_rows_rejudges_a_finished_table_without_training(tmp_path):
     table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
-    assert harness.main(table, ["--workdir", str(tmp_path / "run"), "--seeds", "3"]) == 0
+    assert table_cli.main(table, ["--workdir", str(tmp_path / "run"), "--seeds", "3"]) == 0
     rows = (tmp_path / "run" / "t.jsonl").read_text().splitlines()
     bare = [json.dumps({k: v for k, v in json.loads(r).items() if k != "provenance"}) for r in rows]
     (tmp_path / "old.jsonl").write_text("\n".join(bare) + "\n")
     out = tmp_path / "again"
     argv = ["--workdir", str(out), "--from_rows", str(tmp_path / "old.jsonl")]
-    assert harness.main(table, argv) == 0
+    assert table_cli.main(table, argv) == 0
     assert not (out / "runs").exists()  # nothing trained
     judged = json.loads((out / "t.claims.json").read_text())["claims"]
     assert judged == json.loads((tmp_path / "run" / "t.claims.json").read_text())["claims"]
     assert "6 of 6 rows carry no provenance" in (out / "t.md").read_text()
     argv = ["--workdir", str(out), "--from_rows", str(tmp_path / "missing.jsonl")]
-    assert harness.main(table, argv) == 1
+    assert table_cli.main(table, argv) == 1
 
 
 def test_arms_and_learning_rates_rerun_part_of_a_tuned_table(tmp_path, capsys):
     table = _tuning_table()
-    assert harness.main(table, ["--workdir", str(tmp_path / "full"), "--seeds", "2"]) == 0
+    assert table_cli.main(table, ["--workdir", str(tmp_path / "full"), "--seeds", "2"]) == 0
     rates = str(tmp_path / "full" / "tt.claims.json")
     SEEN.clear()
     argv = ["--workdir", str(tmp_path / "part"), "--seeds", "2", "--arms", "b"]
-    assert harness.main(table, [*argv, "--learning_rates", rates]) == 0
+    assert table_cli.main(table, [*argv, "--learning_rates", rates]) == 0
     assert {(arm, seed, lr) for arm, seed, _, lr in SEEN} == {("b", 0, 2e-3), ("b", 1, 2e-3)}
     assert not (tmp_path / "part" / "tuning").exists()  # the rates were not tuned again
-    assert harness.main(table, [*argv[:4], "--arms", "c"]) == 2
+    assert table_cli.main(table, [*argv[:4], "--arms", "c"]) == 2
     assert "--arms: ['c'] are not arms of tt" in capsys.readouterr().err
     missing = str(tmp_path / "none.json")
-    assert harness.main(table, [*argv, "--learning_rates", missing]) == 2
+    assert table_cli.main(table, [*argv, "--learning_rates", missing]) == 2
 
 
 def test_lockstep_flag_is_checked_and_skipped_for_a_table_with_its_own_execute(tmp_path, capsys):
     table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
     args = ["--workdir", str(tmp_path), "--seeds", "2"]
     with pytest.raises(SystemExit) as e:
-        harness.main(table, [*args, "--lockstep", "-1"])
+        table_cli.main(table, [*args, "--lockstep", "-1"])
     assert e.value.code == 2 and "--lockstep must be >= 0" in capsys.readouterr().err
-    assert harness.main(table, [*args, "--lockstep", "2"]) == 0
+    assert table_cli.main(table, [*args, "--lockstep", "2"]) == 0
     assert "--lockstep does not apply: this table runs its own execute" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all("lockstep_seeds" not in r for r in rows)
@@ -499,7 +499,7 @@ def test_reuse_runs_takes_identical_runs_of_another_table_and_trains_the_rest(tm
     SEEN.clear()
     first, sft = tmp_path / "first", str(tmp_path / "sft")
     assert (
-        harness.main(_tuning_table(), ["--workdir", str(first), "--seeds=2", f"--sft_dir={sft}"])
+        table_cli.main(_tuning_table(), ["--workdir", str(first), "--seeds=2", f"--sft_dir={sft}"])
         == 0
     )
     half = lambda c: dataclasses.replace(c, objective=ObjectiveConfig(Objective.MAX_AT_K, k=4))  # noqa: E731
@@ -511,7 +511,7 @@ def test_reuse_runs_takes_identical_runs_of_another_table_and_trains_the_rest(tm
     )
     SEEN.clear()
     args = ["--workdir", str(tmp_path / "second"), "--seeds=2", f"--sft_dir={sft}"]
-    assert harness.main(other, [*args, f"--reuse_runs={first}"]) == 0
+    assert table_cli.main(other, [*args, f"--reuse_runs={first}"]) == 0
     assert {arm for arm, *_ in SEEN} == {"c"} and len(SEEN) == 4 * 2 + 2  # grid x tuning + seeds
     rows = {
         (r["arm"], r["seed"]): r
@@ -528,9 +528,9 @@ def test_reuse_runs_takes_identical_runs_of_another_table_and_trains_the_rest(tm
         assert "reused_from" not in rows["c", seed]
     SEEN.clear()  # another warm-start folder is another config: everything trains
     elsewhere = ["--workdir", str(tmp_path / "third"), "--seeds=2", f"--reuse_runs={first}"]
-    assert harness.main(other, elsewhere) == 0
+    assert table_cli.main(other, elsewhere) == 0
     assert {arm for arm, *_ in SEEN} == {"a2", "c"}
-    assert harness.main(other, [*args, f"--reuse_runs={tmp_path / 'nowhere'}"]) == 2
+    assert table_cli.main(other, [*args, f"--reuse_runs={tmp_path / 'nowhere'}"]) == 2
     assert "--reuse_runs: no such folder" in capsys.readouterr().err
 
 

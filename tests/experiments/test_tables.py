@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from experiments import claims, harness, report
+from experiments import claims, harness, report, table_cli
 from experiments.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
@@ -36,7 +36,7 @@ def smoke(tmp_path_factory):
         if name == "pkpo_toy_figure":  # no RL, so no SFT warm start
             assert module.main(args) == 0
         else:
-            assert harness.main(module.TABLE, [*args, "--sft_dir", str(root / "sft")]) == 0
+            assert table_cli.main(module.TABLE, [*args, "--sft_dir", str(root / "sft")]) == 0
         for suffix in ("md", "jsonl", "png"):
             shutil.copy(root / name / f"{name}.{suffix}", root / "out")
     return root
@@ -77,7 +77,7 @@ def test_resume_skips_finished_runs(smoke, monkeypatch):
     workdir = smoke / "pkpo_kopt_table"
     before = (workdir / "pkpo_kopt_table.jsonl").read_text()
     args = ["--workdir", str(workdir), "--smoke", "--sft_dir", str(smoke / "sft")]
-    assert harness.main(module.TABLE, args) == 0
+    assert table_cli.main(module.TABLE, args) == 0
     assert (workdir / "pkpo_kopt_table.jsonl").read_text() == before
 
 

@@ -103,7 +103,7 @@ def test_lockstep_refuses_configs_that_cannot_share_a_step(tmp_path):
 
 @pytest.mark.slow  # ~50 s on 2 busy cores
 def test_a_tables_lockstep_rows_are_its_sequential_rows(tmp_path):
-    from experiments import harness
+    from experiments import harness, table_cli
     from experiments.claims import Claim
     from kjax.rl.config import Objective, ObjectiveConfig
 
@@ -124,7 +124,7 @@ def test_a_tables_lockstep_rows_are_its_sequential_rows(tmp_path):
     both = {}
     for mode, extra in (("lockstep", ["--lockstep", "2"]), ("sequential", [])):
         argv = ["--workdir", str(tmp_path / mode), "--seeds", "2", *extra]
-        assert harness.main(table, argv) == 0
+        assert table_cli.main(table, argv) == 0
         both[mode] = [json.loads(x) for x in (tmp_path / mode / "t.jsonl").read_text().splitlines()]
     lock, seq = both["lockstep"], both["sequential"]
     assert [(r["arm"], r["seed"]) for r in lock] == [(r["arm"], r["seed"]) for r in seq]
@@ -139,7 +139,7 @@ def test_a_tables_lockstep_rows_are_its_sequential_rows(tmp_path):
     result = tmp_path / "lockstep" / "runs" / "mean" / "seed0" / "result.json"
     before = result.stat().st_mtime_ns
     argv = ["--workdir", str(tmp_path / "lockstep"), "--seeds", "2", "--lockstep", "2"]
-    assert harness.main(table, argv) == 0
+    assert table_cli.main(table, argv) == 0
     assert result.stat().st_mtime_ns == before
 
 
