@@ -16,7 +16,8 @@ on those same samples give a policy-gradient estimate g_r = (1/B) sum_{b,i} A_bi
 pi(y_bi) (the trainer's token-sum surrogate); the column is the trace of its covariance over
 the batches, (1/(R-1)) sum_r |g_r - mean g|^2. S, LOO, LOO-1 and L2O estimate the same
 gradient (of pass@8), so their variances compare directly. 7 arms x 10 seeds plus 42
-tuning runs: 23.1 minutes measured on 2 quiet CPU cores on arithmetic (Countdown: BUILD.md).
+tuning runs: 70.2 minutes measured on 2 CPU cores (quiet but for ~6 min of tests on one
+core; 23.1 on arithmetic); with --reuse_runs of tables 1 and 2, 48 of the 112 are reused.
 
 The task is Countdown with the exact-hit reward (tiny_countdown.EXACT_BASE), as in tables 1
 and 2: the testbed where mean-reward RL lowers pass@k below the warm start (README, Results:
