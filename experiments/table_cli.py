@@ -77,7 +77,7 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p.add_argument("--report_only", action="store_true",
                    help="train nothing: tabulate the seeds whose arms all finished")  # fmt: skip
     p.add_argument("--arms", default="",
-                   help="comma-separated arm names: run (and judge) only these")  # fmt: skip
+                   help="comma-separated arm names or slugs: run, judge only these")  # fmt: skip
     p.add_argument("--learning_rates", default="",
                    help="take each arm's rate from this NAME.claims.json of a tuned run "
                         "instead of tuning again")  # fmt: skip
@@ -128,6 +128,22 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
         harness.merge(table, seed_rows, json.loads(extra.read_text()) if table.per_seed else {})
         rows, done = rows + seed_rows, done + [seed]
     return rows, done
+
+
+def arm_names(table: Table, text: str) -> list[str]:
+    """--arms's comma-separated list as arm names. A name may itself hold commas (table 3's
+    "3 epochs, linearised off-policy"), so pieces are joined until they name an arm; an arm
+    may also be given by its slug (harness.slug: "3_epochs_linearised_off_policy")."""
+    by_key = {k: a.name for a in table.arms for k in (a.name, slug(a.name))}
+    names, piece = [], None
+    for part in text.split(","):
+        piece = part if piece is None else f"{piece},{part}"
+        if piece.strip() in by_key:
+            names.append(by_key[piece.strip()])
+            piece = None
+    if piece is not None:  # no arm: only_arms names the unknown ones and the table's arms
+        names += [by_key.get(p.strip(), p.strip()) for p in piece.split(",") if p.strip()]
+    return names
 
 
 def only_arms(table: Table, names: Sequence[str]) -> Table:
@@ -194,7 +210,7 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     chosen, tuning_rows = None, []
     try:
         if args.arms:
-            table = only_arms(table, [a.strip() for a in args.arms.split(",")])
+            table = only_arms(table, arm_names(table, args.arms))
         if args.learning_rates:
             chosen = tuned_rates(table, pathlib.Path(args.learning_rates))
             ctx = with_tuned_rates(ctx, chosen)

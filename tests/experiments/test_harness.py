@@ -480,6 +480,17 @@ def test_arms_and_learning_rates_rerun_part_of_a_tuned_table(tmp_path, capsys):
     assert table_cli.main(table, [*argv, "--learning_rates", missing]) == 2
 
 
+def test_arms_may_hold_commas_or_be_given_by_slug(capsys):
+    table = _table(Arm("3 epochs, exact", lambda c: c), Arm("1 epoch", lambda c: c))
+    both = ["3 epochs, exact", "1 epoch"]
+    assert table_cli.arm_names(table, "3 epochs, exact,1 epoch") == both
+    assert table_cli.arm_names(table, "3_epochs_exact, 1 epoch") == both
+    assert table_cli.arm_names(table, "1 epoch") == ["1 epoch"]
+    assert table_cli.arm_names(table, "3 epochs,x") == ["3 epochs", "x"]
+    with pytest.raises(ValueError, match=r"\['3 epochs', 'x'\] are not arms of t"):
+        table_cli.only_arms(table, table_cli.arm_names(table, "3 epochs,x"))
+
+
 def test_lockstep_flag_is_checked_and_skipped_for_a_table_with_its_own_execute(tmp_path, capsys):
     table = _table(Arm("a", lambda c: c), Arm("b", lambda c: c))
     args = ["--workdir", str(tmp_path), "--seeds", "2"]
