@@ -7,8 +7,10 @@
 #   e.g. bash bench/fresh_venv_check.sh tang2025_table runs/tang2025 10 \
 #          "mean (RLOO) / PG,pass@k LOO N=k / PG,maj@k / PG"
 #
-# RUN_DIR holds TABLE.jsonl and TABLE.claims.json of the finished run. Prints the
-# comparison; the fresh run stays in a temp dir (its path is printed).
+# RUN_DIR holds TABLE.jsonl and TABLE.claims.json of the finished run (experiments/results
+# for the committed rows). Prints the comparison; the fresh run stays in a temp dir (its
+# path is printed). Bit-identical rows need the same CPU model as the finished run: XLA's
+# CPU code differs by instruction set (AVX-512, AMX), and so does its rounding.
 set -euo pipefail
 table=$1; run=$(cd "$2" && pwd); seeds=$3; arms=$4
 repo=$(cd "$(dirname "$0")/.." && pwd)
