@@ -36,7 +36,9 @@ same step, so real compile is lower). No cache is enabled here unless
 JAX_COMPILATION_CACHE_DIR is set; the report says which. --smoke uses harness.smoke_base
 (1-layer model, 2 RL steps of 8 x 8, 4 SFT steps): 46 s measured, 54 s for the command, 35 s
 of it compile (2 CPU cores at load 3, 2026-12-02). A benchmark, not a test: on a shared
-machine, note the load (`uptime`) with the figures.
+machine, note the load (`uptime`) with the figures. The report names the CPU and its
+float32 matmul peak, measured after the run, since the same table costs 2-3x more on one
+2-core machine than on another.
 """
 
 from __future__ import annotations
@@ -145,6 +147,30 @@ def _result(table_name: str, arm, cfg, smoke: bool, phases: dict, compiled: dict
     }
 
 
+def machine(repeats: int = 5, n: int = 2048) -> dict:
+    """The CPU's model and its float32 matmul peak under XLA (best of `repeats` n x n
+    matmuls), measured after the run so that it does not share the cores with it: figures
+    from two machines compare only beside their peaks."""
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.provenance import cpu_model
+
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda a: a @ a)
+    mm(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mm(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "matmul_gflops": 2 * n**3 / best / 1e9}
+
+
+def _machine_line(m: dict) -> str:
+    return f"{m['cpu']} ({m['cores']} cores), float32 matmul peak {m['matmul_gflops']:.0f} GFLOP/s"
+
+
 def _header(b: dict, what: str) -> list[str]:
     """A report's first lines: the run, the machine, the phase table."""
     total = b["total_s"]
@@ -153,6 +179,7 @@ def _header(b: dict, what: str) -> list[str]:
         f"{b['table']} / {b['arm']} / {what}{smoke}: {b['cfg']}",
         f"{b['devices']}, load average {b['load_average']:.1f}, compile cache "
         f"{b['compile_cache'] or 'off'}",
+        *([_machine_line(b["machine"])] if "machine" in b else []),
         "",
         "| phase | s | % of total |",
         "|---|---|---|",
@@ -498,6 +525,7 @@ def main(argv=None) -> int:
                 plan=plan,
                 runs=args.runs,
             )
+    b["machine"] = machine()
     print(lockstep_report(b) if args.lockstep else report(b))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(b, indent=1))

@@ -55,3 +55,19 @@ def test_lockstep_smoke_breakdown_fits_in_the_total_and_scales_by_groups(tmp_pat
     groups = 10 * math.ceil(20 / 2)  # 10 arms of 20 seeds in lockstep pairs
     step_s = b["step_ms"]["median_after_first"] / 1e3
     assert math.isclose(est["phases"]["rl_steps"], groups * 1000 * step_s)
+
+
+def test_the_report_names_the_cpu_and_its_measured_matmul_peak():
+    m = bench_tables.machine(repeats=2, n=128)
+    assert m["cpu"] and m["cores"] >= 1 and 0 < m["matmul_gflops"] < 1e6
+    b = {
+        "table": "t", "arm": "a", "smoke": False, "cfg": {}, "devices": "1 x cpu",
+        "load_average": 0.5, "compile_cache": None, "phases": {"rl_steps": 1.0},
+        "other_s": 0.0, "total_s": 1.0, "machine": m,
+    }  # fmt: skip
+    header = bench_tables._header(b, "one run")
+    assert header[2] == (
+        f"{m['cpu']} ({m['cores']} cores), float32 matmul peak {m['matmul_gflops']:.0f} GFLOP/s"
+    )
+    del b["machine"]  # a breakdown measured without it (older JSON) reports without the line
+    assert bench_tables._header(b, "one run")[2] == ""
