@@ -60,7 +60,20 @@ def compare(table, a: list[dict], b: list[dict]) -> dict:
         }  # fmt: skip
         for c, x, y in zip(judged, sa, sb, strict=True)
     ]
-    return {"rows": rows, "claims": verdicts}
+    return {"rows": rows, "claims": verdicts, "machines": [machines(a), machines(b)]}
+
+
+def machines(rows: list[dict]) -> list[str]:
+    """The CPUs a set of rows ran on, each as "model [instruction sets]" (rows written
+    before provenance recorded them say so)."""
+
+    def name(p: dict) -> str:
+        if not p:
+            return "no provenance"
+        features = p.get("cpu_features")
+        return f"{p.get('cpu', '?')} [{' '.join(features) if features is not None else '?'}]"
+
+    return sorted({name(r.get("provenance") or {}) for r in rows})
 
 
 def main(argv=None) -> int:
@@ -78,6 +91,12 @@ def main(argv=None) -> int:
     same = sum(r["identical"] for r in out["rows"])
     worst = max((r["max_abs_diff"] for r in out["rows"]), default=0.0)
     print(f"{len(out['rows'])} runs in both; {same} bit-identical; largest difference {worst:.3g}")
+    if out["machines"][0] != out["machines"][1]:
+        print(
+            f"  ran on {', '.join(out['machines'][0])} vs {', '.join(out['machines'][1])}: "
+            "XLA's CPU code, and so its rounding, depends on the CPU's instruction sets, so "
+            "rows need not be bit-identical there"
+        )
     for v in out["claims"]:
         mark = "CHANGED" if v["changed"] else "same"
         print(

@@ -42,8 +42,30 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# Instruction sets that change the code XLA emits for the CPU, and so its rounding: two runs
+# bit-identical on one CPU model differ in the last bits on another (README, Reruns).
+CPU_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve")
+
+
+def cpu_features(cpuinfo: str | None = None) -> list[str]:
+    """The CPU_FEATURES of this CPU (the first "flags" or "Features" line of /proc/cpuinfo,
+    or the text given); [] where there is none to read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            have = set(value.split())
+            return [f for f in CPU_FEATURES if f in have]
+    return []
+
+
 def provenance() -> dict:
-    """Where a result was computed: package versions, CPU, cores, JAX devices, git commit."""
+    """Where a result was computed: package versions, CPU (model and instruction sets),
+    cores, JAX devices, git commit."""
     import importlib.metadata
 
     import jax
@@ -58,6 +80,7 @@ def provenance() -> dict:
     return {
         "versions": {**versions, "python": platform.python_version()},
         "cpu": cpu_model(),
+        "cpu_features": cpu_features(),
         "cores": os.cpu_count(),
         "backend": jax.default_backend(),
         "devices": [d.device_kind for d in jax.devices()],

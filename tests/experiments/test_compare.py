@@ -1,5 +1,7 @@
 """experiments.compare: rows matched by (arm, seed), differences and verdict changes."""
 
+import json
+
 from experiments import compare
 from experiments.claims import Claim, ClaimKind
 
@@ -34,3 +36,31 @@ def test_a_moved_arm_shows_its_difference_and_verdict_change():
     assert all(abs(r["max_abs_diff"] - 0.2) < 1e-12 and not r["identical"] for r in moved)
     changed = {v["claim"]: (v["a"], v["b"]) for v in out["claims"] if v["changed"]}
     assert changed["1"] == ("reproduced", "opposite")
+
+
+def test_rows_from_two_cpus_are_named_with_their_instruction_sets(tmp_path, capsys):
+    epyc = {"cpu": "AMD EPYC", "cpu_features": ["avx", "avx2", "fma"]}
+    xeon = {"cpu": "Intel Xeon", "cpu_features": ["avx", "avx2", "fma", "avx512f", "amx_tile"]}
+    a = [{**r, "provenance": epyc} for r in _rows(0.1)]
+    b = [{**r, "provenance": xeon} for r in _rows(0.1)]
+    out = compare.compare(_Table, a, b)
+    assert out["machines"] == [
+        ["AMD EPYC [avx avx2 fma]"],
+        ["Intel Xeon [avx avx2 fma avx512f amx_tile]"],
+    ]
+    old = [{**r, "provenance": {"cpu": "AMD EPYC"}} for r in _rows(0.1)]  # before cpu_features
+    assert compare.machines(old) == ["AMD EPYC [?]"] and compare.machines(_rows(0)) == [
+        "no provenance"
+    ]
+    for name, rows in (("a", a), ("b", b), ("same", a)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = "tang2025_table"  # any table module: these rows' arms are not its arms
+    assert (
+        compare.main(["--table", table, str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
+    )
+    assert "ran on AMD EPYC [avx avx2 fma] vs Intel Xeon" in capsys.readouterr().out
+    assert (
+        compare.main(["--table", table, str(tmp_path / "a.jsonl"), str(tmp_path / "same.jsonl")])
+        == 0
+    )
+    assert "ran on" not in capsys.readouterr().out

@@ -24,7 +24,7 @@ from scipy import stats
 from experiments import claims, harness, table_cli, table_runs, tuning
 from experiments.claims import Claim, ClaimKind, MetricKey
 from experiments.harness import Arm
-from experiments.provenance import git_commit, provenance
+from experiments.provenance import CPU_FEATURES, cpu_features, git_commit, provenance
 from kjax.rl.config import ArithConfig, EvalSplit, Objective, ObjectiveConfig, TrainConfig
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
@@ -238,8 +238,16 @@ def test_provenance_records_versions_machine_and_commit():
             if line.startswith("model name")
         ]
         assert p["cpu"] == (names[0] if names else platform.processor() or "unknown")
+    assert set(p["cpu_features"]) <= set(CPU_FEATURES)
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", p["commit"])
     assert json.loads(json.dumps(p)) == p
+
+
+def test_cpu_features_are_read_from_the_flags_line_in_a_fixed_order():
+    x86 = "processor\t: 0\nflags\t\t: fpu sse avx2 amx_tile fma avx avx512f pni\n"
+    assert cpu_features(x86) == ["avx", "avx2", "fma", "avx512f", "amx_tile"]
+    assert cpu_features("Features\t: fp asimd evtstrm sve\n") == ["asimd", "sve"]
+    assert cpu_features("processor\t: 0\n") == []
 
 
 def test_git_commit_is_head_with_a_dirty_mark(tmp_path, monkeypatch):
