@@ -36,6 +36,7 @@ import transformers
 from absl import app, flags
 from flax import nnx
 
+from experiments.provenance import matmul_peak
 from kjax import sampling
 from kjax.models import Llama, Llama3RopeScaling, LlamaConfig, save_hf
 
@@ -80,10 +81,7 @@ def best_time(fn, repeats: int) -> float:
 
 def machine_roofline(repeats: int) -> tuple[float, float]:
     """(float32 matmul FLOP/s, memory read bandwidth bytes/s) measured with XLA here."""
-    a = jnp.ones((2048, 2048), jnp.float32)
-    mm = jax.jit(lambda a: a @ a)
-    mm(a).block_until_ready()
-    flops = 2 * 2048**3 / best_time(lambda: mm(a).block_until_ready(), repeats + 2)
+    flops = matmul_peak(2048, repeats + 2)
     x = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MiB: far beyond the caches
     # Read bandwidth (a sum): decoding streams the weights and K/V, it writes little.
     total = jax.jit(jnp.sum)

@@ -148,23 +148,13 @@ def _result(table_name: str, arm, cfg, smoke: bool, phases: dict, compiled: dict
 
 
 def machine(repeats: int = 5, n: int = 2048) -> dict:
-    """The CPU's model and its float32 matmul peak under XLA (best of `repeats` n x n
-    matmuls), measured after the run so that it does not share the cores with it: figures
-    from two machines compare only beside their peaks."""
-    import jax
-    import jax.numpy as jnp
+    """The CPU's model and its float32 matmul peak (provenance.matmul_peak), measured after
+    the run so that it does not share the cores with it: figures from two machines compare
+    only beside their peaks."""
+    from experiments.provenance import cpu_model, matmul_peak
 
-    from experiments.provenance import cpu_model
-
-    a = jnp.ones((n, n), jnp.float32)
-    mm = jax.jit(lambda a: a @ a)
-    mm(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mm(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "matmul_gflops": 2 * n**3 / best / 1e9}
+    peak = matmul_peak(n, repeats)
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "matmul_gflops": peak / 1e9}
 
 
 def _machine_line(m: dict) -> str:

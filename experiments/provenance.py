@@ -63,6 +63,25 @@ def cpu_features(cpuinfo: str | None = None) -> list[str]:
     return []
 
 
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """The float32 FLOP/s of an n x n matmul under XLA here, best of `repeats` after a
+    compile: the attainable peak that figures from two machines are read against."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda a: a @ a)
+    mm(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mm(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
 def provenance() -> dict:
     """Where a result was computed: package versions, CPU (model and instruction sets),
     cores, JAX devices, git commit."""
