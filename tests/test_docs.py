@@ -18,7 +18,7 @@ CITED_PATH = re.compile(
 )
 # Placeholders, not paths: `kjax/tasks/<name>.py`, globs, `{a,b}`, and an all-caps name
 # standing for any file (`experiments/results/NAME.md`, `experiments/configs/X.py`).
-PLACEHOLDER = re.compile(r"[<>*{}]|/[A-Z][A-Z_]*(?:\.\w+)?(?:/|$)")
+PLACEHOLDER = re.compile(r"[<>*{}]|/[A-Z][A-Z_]*(?:\.\w+)*(?:/|$)")
 # "docs/estimators.md section 4", "... sections 1 and 3", "... s. 2, 4", across a line
 # break (and a comment's `#`) too.
 _NUMBERS = r"(\d+(?:\.\d+)?(?:(?:\s*,\s*|\s+and\s+|\s*-\s*)\d+(?:\.\d+)?)*)"
@@ -39,7 +39,7 @@ def _text_files(*suffixes: str) -> list[pathlib.Path]:
         if p.suffix in suffixes and p.is_file() and "__pycache__" not in p.parts
     ]
     files += [ROOT / "README.md", ROOT / "BUILD.md"]
-    files += sorted((ROOT / "docs").glob("*.md"))
+    files += sorted((ROOT / "docs").rglob("*.md"))
     return [p for p in files if p.is_file()]
 
 
@@ -116,7 +116,13 @@ def test_path_pattern(text, cited):
 
 
 @pytest.mark.parametrize(
-    "cited", ["kjax/tasks/<name>.py", "experiments/results/NAME.md", "experiments/configs/X.py"]
+    "cited",
+    [
+        "kjax/tasks/<name>.py",
+        "experiments/results/NAME.md",
+        "experiments/results/NAME.claims.json",
+        "experiments/configs/X.py",
+    ],
 )
 def test_placeholders_are_not_paths(cited):
     assert PLACEHOLDER.search(cited)

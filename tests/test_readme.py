@@ -28,6 +28,9 @@ def test_python_example_runs_and_prints_what_it_says():
         [[0.006667, 0.06, 0.06, 0.18, 0.0, 0.113333]],
         atol=1e-6,
     )
+    l2o = obj.max_at_k_advantages(scope["rewards"], k=2, estimator=obj.MaxAtKEstimator.L2O)
+    np.testing.assert_allclose(l2o, [[-0.06, -0.02, -0.02, 0.12, -0.06, 0.04]], atol=1e-6)
+    np.testing.assert_allclose(l2o.sum(), 0.0, atol=1e-6)  # "sums to 0"
     np.testing.assert_allclose(
         obj.majority_at_k(scope["answers"], jnp.array([0]), k=4), [0.404762], atol=1e-6
     )

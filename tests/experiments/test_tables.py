@@ -167,22 +167,49 @@ def test_toy_optimum_is_a_stationary_maximum():
 # ----------------------------------------------------------------------------- README
 
 
-def test_readme_results_are_the_committed_result_files():
+PROSE_TABLES = ("| page | what |", "| objective | functions | papers |")
+
+
+def test_readme_findings_are_the_generated_table():
+    """README's findings table is experiments.findings' output for the committed claims
+    files, and experiments/results/findings.md is that output too."""
+    findings = importlib.import_module("experiments.findings")
     readme = (ROOT / "README.md").read_text()
-    results = sorted((ROOT / "experiments" / "results").glob("*.md"))
-    if "## Results" not in readme:
-        assert not results, "experiments/results/ has tables but README has no Results section"
-        return
-    section = readme.split("## Results", 1)[1].split("\n## ", 1)[0]
+    table = findings.findings()
+    assert table in _tables(readme), "README's findings table is stale: run experiments.findings"
+    assert table in _tables(findings.OUT.read_text()), "run python -m experiments.findings --write"
+
+
+def test_every_claims_file_has_a_findings_entry_and_a_page():
+    findings = importlib.import_module("experiments.findings")
+    stems = {s.stem for s in findings.TABLES}
+    for path in (ROOT / "experiments" / "results").glob("*.claims.json"):
+        assert path.name.removesuffix(".claims.json") in stems, f"{path.name} not in findings"
+    for source in findings.TABLES:
+        assert (ROOT / source.page).exists(), source.page
+
+
+def test_table_pages_show_the_committed_result_files():
+    """Each table's page holds every Markdown table its command wrote, and every table on
+    the pages (and README) is in a committed result file: nothing shown that no command
+    wrote."""
+    findings = importlib.import_module("experiments.findings")
+    results = ROOT / "experiments" / "results"
     tables_in_files = set()
-    for path in results:
-        for block in _tables(path.read_text()):
-            assert block in section, f"README's Results lacks this table of {path.name}:\n{block}"
-            tables_in_files.add(block)
-    for path in (ROOT / "experiments" / "results").rglob("*.md"):  # e.g. results/inference/
-        tables_in_files.update(_tables(path.read_text()))  # (README may quote their tables)
-    for block in _tables(section):  # and nothing in README that no command wrote
-        assert block in tables_in_files, f"README table not in experiments/results/:\n{block}"
+    for path in results.rglob("*.md"):
+        tables_in_files.update(_tables(path.read_text()))
+    for source in findings.TABLES:
+        page = (ROOT / source.page).read_text()
+        for block in _tables((results / f"{source.stem}.md").read_text()):
+            assert block in page, f"{source.page} lacks this table of {source.stem}.md:\n{block}"
+    pages = sorted((ROOT / "docs" / "tables").glob("*.md")) + [ROOT / "README.md"]
+    for page in pages:
+        for block in _tables(page.read_text()):
+            if block.startswith(PROSE_TABLES):  # README's index and list of functions
+                continue
+            assert block in tables_in_files, (
+                f"{page.name}: table not in experiments/results/:\n{block}"
+            )
 
 
 def _tables(text: str) -> list[str]:
