@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kjax import evaluation, objectives
+from kjax import progress as progress_lib
 from kjax.data import loader
 from kjax.rewards.verdict import Verdicts
 from kjax.rl import multihost
@@ -299,8 +300,6 @@ def postfix(row: dict, last_eval: dict, n_eval: int) -> dict[str, str]:
 
 def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool = True) -> dict:
     """Runs (or resumes) the experiment in workdir; returns the last evaluation's metrics."""
-    from tqdm.auto import tqdm
-
     c, state = build_components(cfg, workdir, log)
     cfg = c.cfg
     bar = None
@@ -313,7 +312,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
             last_eval = evaluate(c, state.params)
             c.metrics.write({"step": 0, **last_eval})
         show = progress and multihost.is_leader()
-        bar = tqdm(total=cfg.steps, initial=start, disable=not show, desc=cfg.name)
+        bar = progress_lib.progress(cfg.steps, start, cfg.name, enabled=show)
         for step in range(start, cfg.steps):
             state, row = rl_step(c, state, batches)
             finite_or_raise(c, row)

@@ -41,6 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kjax import evaluation, sharding
+from kjax.progress import progress as progress_bar
 from kjax.rl import loop
 from kjax.rl import task as task_lib
 from kjax.rl.components import Components, build_components
@@ -213,8 +214,6 @@ def _run_group(comps, states, positions, start: int, results, log, progress, tim
     """Trains the seeds `comps` (all resumed at `start`) in lockstep to cfg.steps; writes
     each seed's rows and checkpoints; sets results[s] (index into comps) to the last
     evaluation or the FloatingPointError that stopped the seed."""
-    from tqdm.auto import tqdm
-
     with timer("build"):
         L = _Lockstep(comps)
         state = jax.block_until_ready(_stack(states))
@@ -232,7 +231,7 @@ def _run_group(comps, states, positions, start: int, results, log, progress, tim
             for s in alive:
                 comps[s].metrics.write({"step": 0, **last[s]})
     desc = f"{cfg.name} x{S} seeds"
-    with tqdm(total=cfg.steps, initial=start, disable=not progress, desc=desc) as bar:
+    with progress_bar(cfg.steps, start, desc, enabled=progress) as bar:
         for step in range(start, cfg.steps):
             with timer("rl_steps"):
                 state, rows = _step(L, state, step, batches, alive)
