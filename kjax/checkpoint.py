@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from kjax.files import write_atomic
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
@@ -105,28 +107,60 @@ class Checkpointer:
         self.close()
 
 
-def ensure_workdir(workdir: str | os.PathLike, identity: dict) -> pathlib.Path:
+def has_checkpoint(directory: str | os.PathLike) -> bool:
+    """Whether `directory` holds a complete checkpoint (an orbax step folder), read without
+    creating anything (a Checkpointer creates its directory)."""
+    directory = pathlib.Path(directory)
+    return directory.is_dir() and any(p.name.isdigit() and p.is_dir() for p in directory.iterdir())
+
+
+def _without(identity: dict, keys) -> dict:
+    """identity without the dotted `keys` (e.g. "sft.cache_dir")."""
+    identity = json.loads(json.dumps(identity))
+    for key in keys:
+        *parents, last = key.split(".")
+        node = identity
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return identity
+
+
+def ensure_workdir(
+    workdir: str | os.PathLike, identity: dict, *, where=(), claim: bool = True
+) -> pathlib.Path:
     """Creates `workdir` for the experiment `identity`, or checks it is the same experiment.
 
     `identity` is the JSON-able config that defines the run. Resuming a workdir that holds
     a different experiment would silently mix two runs, so it raises a ValueError naming
-    the differing fields instead.
+    the differing fields instead. `where`: dotted keys of identity that say where files
+    are, not what the experiment is (a cache folder, spelled relative or absolute, moved
+    with the workdir): recorded, never compared. claim=False only checks: a run checks its
+    workdir first and claims it once everything is built, so a run that fails before it
+    starts (bad data, a config error found late) leaves the workdir free for the fix.
     """
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "experiment.json"
     identity = json.loads(json.dumps(identity, default=str))  # normalise tuples, enums
     if path.exists():
-        stored = json.loads(path.read_text())
-        if stored != identity:
-            keys = sorted(set(stored) | set(identity))
-            diff = [k for k in keys if stored.get(k) != identity.get(k)]
+        try:
+            stored = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{path} is not readable JSON ({e}); it names the experiment this workdir "
+                "holds: delete it to claim the workdir again, or use a new --workdir."
+            ) from None
+        if _without(stored, where) != _without(identity, where):
+            stored, mine = _without(stored, where), _without(identity, where)
+            keys = sorted(set(stored) | set(mine))
+            diff = [k for k in keys if stored.get(k) != mine.get(k)]
             raise ValueError(
                 f"workdir {workdir} holds a different experiment (fields differ: "
                 f"{', '.join(diff)}). Use a new --workdir, or rerun with the original config."
             )
         return workdir
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(identity, indent=2, sort_keys=True))
-    os.replace(tmp, path)  # atomic: a crash never leaves a half-written identity
+    if claim:  # atomic: a crash never leaves a half-written identity
+        write_atomic(path, json.dumps(identity, indent=2, sort_keys=True))
     return workdir

@@ -6,7 +6,6 @@ each, with kjax.objectives' U-statistics (no bias from reusing the n samples acr
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
@@ -43,10 +42,10 @@ def group_metrics(verdicts: Verdicts) -> dict[str, float]:
 
 
 def read_jsonl(path) -> list[dict]:
-    path = pathlib.Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A metrics.jsonl's rows (none if absent; a torn last line left out: kjax.files)."""
+    from kjax import files
+
+    return files.read_jsonl(path)
 
 
 def plot(records: list[dict], directory, title: str = "") -> list[pathlib.Path]:
