@@ -115,6 +115,11 @@ class _JsonlSplits:
 
     _parse = None
 
+    def missing_files(self, manual_dir, splits) -> list[str]:
+        """The files of `splits` absent from manual_dir (loader.prepare's check)."""
+        root = Path(manual_dir or "") / self.builder_config.format.value
+        return [str(root / f"{s}.jsonl") for s in splits if not (root / f"{s}.jsonl").is_file()]
+
     def _split_generators(self, dl_manager):
         fmt = self.builder_config.format
         return {

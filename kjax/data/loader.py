@@ -18,19 +18,38 @@ def prepare(
     *,
     config: tfds.core.BuilderConfig | str | None = None,
     manual_dir: str | Path | None = None,
+    needs: tuple[str, ...] = (),
 ) -> tfds.core.DatasetBuilder:
     """Prepares (once) and returns the builder. Writes array_record; needs no network.
 
     A failure (e.g. a malformed row) leaves no dataset behind: TFDS writes into an
-    `incomplete.*` directory and only renames it into place on success.
+    `incomplete.*` directory and only renames it into place on success. `needs`: the
+    splits the caller reads; a builder of local files (`missing_files`) is checked for
+    them before anything is prepared, so a missing file is never cached as a missing split.
     """
     tfds.display_progress_bar(False)
     kwargs = {} if config is None else {"config": config}
     builder = builder_cls(data_dir=str(data_dir), file_format="array_record", **kwargs)
+    missing_files = getattr(builder, "missing_files", None)
+    if needs and missing_files is not None and not builder.is_prepared():
+        missing = missing_files(manual_dir, needs)
+        if missing:
+            raise ValueError(
+                f"task.manual_dir={manual_dir}: no {' and no '.join(missing)}; this task reads "
+                f"the {' and '.join(needs)} splits from there (BUILD.md says where the files "
+                "come from). Put them there and rerun; nothing was prepared."
+            )
     download = tfds.download.DownloadConfig(
         manual_dir=None if manual_dir is None else str(manual_dir)
     )
     builder.download_and_prepare(download_config=download)
+    lacking = [s for s in needs if s not in builder.info.splits]
+    if lacking:  # prepared by an older kjax from a folder without the file
+        raise ValueError(
+            f"the dataset prepared in {builder.data_dir} has no {' or '.join(lacking)} "
+            f"split; delete {builder.data_dir} and rerun (it is prepared again from "
+            f"task.manual_dir={manual_dir})."
+        )
     return builder
 
 

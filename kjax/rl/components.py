@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import checkpoint, sharding
 from kjax.models import Llama, LlamaConfig
 from kjax.rl import multihost, sft
-from kjax.rl.config import ModelKind, TrainConfig, to_json
+from kjax.rl.config import EvalSplit, ModelKind, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
 from kjax.rl.objective import compute_advantages, offpolicy_reweighter
 from kjax.rl.optim import make_optimizer
@@ -66,6 +66,11 @@ class Components:
         self.metrics.close()
         if self.pool is not None:
             self.pool.close()
+
+
+# Fields of a run's identity that say where files are, not what the run is: the warm
+# start's cache folder, spelled relative or absolute and moved with a table's workdir.
+WHERE = ("sft.cache_dir",)
 
 
 # One jitted update per distinct (model, update, optimizer, objective, mesh, state layout)
@@ -170,7 +175,7 @@ def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log
         "sft": {**to_json(cfg.sft), "cache_dir": ""},
         "seed": seed,
     }
-    multihost.leader_first("sft", lambda: checkpoint.ensure_workdir(sft_dir, identity))
+    multihost.leader_first("sft", lambda: checkpoint.ensure_workdir(sft_dir, identity, claim=False))
     return sft.warm_start(
         params,
         model_config,
@@ -192,17 +197,30 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
     multihost.maybe_initialize_distributed()
     cfg = cfg.validate(jax.device_count())
     log = log if multihost.is_leader() else (lambda *a, **k: None)
+    identity = to_json(cfg)
+    # Checked now, claimed once the run is built: a run that fails before it starts (bad
+    # data, a task that cannot warm-start) leaves the workdir free for the corrected command.
     workdir = multihost.leader_first(
-        "workdir", lambda: checkpoint.ensure_workdir(workdir, to_json(cfg))
+        "workdir", lambda: checkpoint.ensure_workdir(workdir, identity, where=WHERE, claim=False)
     )
     mesh = sharding.make_mesh(*cfg.mesh.resolve(jax.device_count()))
     model_config, params, tokenizer = build_model(cfg, mesh)
     task = multihost.leader_first("data", lambda: load_task(cfg, tokenizer, workdir / "data"))
+    split = cfg.eval.split
+    held_out = task.validation if split is EvalSplit.VALIDATION else task.test
+    if len(held_out) < cfg.eval.problems:
+        log(
+            f"note: eval.problems={cfg.eval.problems} but the {split.value} split has "
+            f"{len(held_out)} problems; every evaluation scores those {len(held_out)}."
+        )
     params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
     step_fn, sampler = step_and_sampler(cfg, model_config, mesh, state, task)
+    multihost.leader_first(
+        "claim", lambda: checkpoint.ensure_workdir(workdir, identity, where=WHERE)
+    )
     pool = None
     if cfg.verifier_workers:
         from kjax.rewards.pool import PoolConfig, VerifierPool

@@ -282,6 +282,7 @@ class TrainConfig:
     verifier_workers: int = 0  # 0: verify in this process; else a kjax.rewards.pool
 
     def __post_init__(self):
+        check_int(self.seed, "config.seed", 0)  # jax.random.key and the data order need >= 0
         for field in ("steps", "batch_prompts", "samples", "max_new_tokens"):
             value = getattr(self, field)
             need(isinstance(value, int) and value >= 1, field, "must be an int >= 1", value)
@@ -354,6 +355,13 @@ class TrainConfig:
                 self.eval.split.name,
             )
         self.task.check(self.model.kind is ModelKind.TINY)
+        need(
+            self.task.sft_targets or not self.sft.steps,
+            "sft.steps",
+            f"must be 0 for the {self.task.kind} task (it has no reference answers to "
+            "fine-tune on); set sft.steps=0, or warm-start another way (model.kind, model.path)",
+            self.sft.steps,
+        )
         batch_devices = self.mesh.batch_devices(devices)
         parts = self.rl.minibatches * self.rl.microbatches * batch_devices
         need(

@@ -30,6 +30,22 @@ def maybe_initialize_distributed() -> None:
         )
 
 
+def device_count() -> int:
+    """jax.device_count(), or a ValueError naming JAX_PLATFORMS and the fix when JAX cannot
+    start the backend it names (e.g. JAX_PLATFORMS=gpu on a machine without one)."""
+    try:
+        return jax.device_count()
+    except RuntimeError as e:
+        if "backend" not in str(e):
+            raise
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        raise ValueError(
+            f"JAX cannot start its backend (JAX_PLATFORMS={platforms!r}): "
+            f"{str(e).splitlines()[0]} Set JAX_PLATFORMS to a platform this machine has "
+            "(cpu, or leave it unset to pick one)."
+        ) from None
+
+
 def is_leader() -> bool:
     """True on the process that writes shared files (process 0)."""
     return jax.process_index() == 0

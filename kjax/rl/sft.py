@@ -87,17 +87,19 @@ def warm_start(
     """params after cfg.steps SFT steps (constant lr after a short warmup), cached.
 
     The cache directory refuses a different identity (model, task, SFT config), so a
-    stale warm start is never reused silently.
+    stale warm start is never reused silently; it is claimed once it holds the warm start,
+    so an SFT that fails leaves it free for the corrected config.
     """
     if cfg.steps == 0:
         return params
-    directory = checkpoint.ensure_workdir(cache_dir, identity)
+    directory = checkpoint.ensure_workdir(cache_dir, identity, claim=False)
     ckpt = checkpoint.Checkpointer(
         directory / "params", checkpoint.CheckpointConfig(every=1, keep=1, async_save=False)
     )
     if ckpt.latest_step() == cfg.steps:
         restored, _ = ckpt.restore({"params": params})
         log(f"sft: reusing the warm start cached in {directory}")
+        checkpoint.ensure_workdir(cache_dir, identity)
         return restored["params"]
     schedule = optax.warmup_constant_schedule(0.0, cfg.learning_rate, min(20, cfg.steps))
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
@@ -119,4 +121,5 @@ def warm_start(
     ckpt.save(cfg.steps, {"params": state.params}, {"steps": cfg.steps}, force=True)
     ckpt.wait()
     ckpt.close()
+    checkpoint.ensure_workdir(cache_dir, identity)  # claimed once it holds the warm start
     return state.params

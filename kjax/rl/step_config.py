@@ -215,7 +215,7 @@ class OptimizerConfig:
         def check(field, ok, want):
             if not ok:
                 value = getattr(self, field)
-                raise ValueError(f"`OptimizerConfig.{field}` must be {want}; got {value!r}.")
+                raise ValueError(f"`config.optimizer.{field}` must be {want}; got {value!r}.")
 
         def integer(field):
             value = getattr(self, field)

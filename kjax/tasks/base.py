@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class TaskConfig:
     # the validation split (EvalSplit.VALIDATION). 0: none, the whole train split trains.
     validation_size: int = 0
     kind: str = dataclasses.field(default="", init=False)
+    # Whether the task has reference answers to fine-tune on (an SFT warm start).
+    sft_targets: ClassVar[bool] = True
 
     def __post_init__(self):
         check_int(self.max_prompt_tokens, "config.task.max_prompt_tokens", 0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import string
+from typing import ClassVar
 
 from kjax._fields import check_int, coerce_enums, is_real, need
 from kjax.data.formats import CodeFormat
@@ -38,6 +39,7 @@ class Config(TaskConfig):
     timeout_s: float = 4.0  # wall-clock limit of one program on one test
     max_tests: int = 0  # the first max_tests tests of a problem count; 0: all of them
     kind: str = dataclasses.field(default="code", init=False)
+    sft_targets: ClassVar[bool] = False  # CodeContests/TACO rows keep tests, no programs
 
     def __post_init__(self):
         super().__post_init__()
@@ -111,6 +113,10 @@ def load(cfg: Config, tokenizer, data_dir, eval_problems: int):
     from kjax.data import builders, loader
 
     builder = loader.prepare(
-        builders.CodeJsonl, data_dir, config=cfg.format.value, manual_dir=cfg.manual_dir
+        builders.CodeJsonl,
+        data_dir,
+        config=cfg.format.value,
+        manual_dir=cfg.manual_dir,
+        needs=("train", "test"),
     )
     return wrap(Code, cfg, builder.as_data_source(), tokenizer, eval_problems, config=cfg)

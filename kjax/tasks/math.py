@@ -47,5 +47,11 @@ def tiny_tokenizer(cfg: Config):
 def load(cfg: Config, tokenizer, data_dir, eval_problems: int):
     from kjax.data import builders, loader
 
-    source = loader.prepare(builders.MathJsonl, data_dir, config="math", manual_dir=cfg.manual_dir)
+    source = loader.prepare(
+        builders.MathJsonl,
+        data_dir,
+        config="math",
+        manual_dir=cfg.manual_dir,
+        needs=("train", "test"),
+    )
     return wrap(Math, cfg, source.as_data_source(), tokenizer, eval_problems)

@@ -97,5 +97,5 @@ def test_weight_decay_is_decoupled_and_masked(decay_vectors):
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):
-    with pytest.raises(ValueError, match=f"OptimizerConfig.{field}"):
+    with pytest.raises(ValueError, match=f"config.optimizer.{field}"):
         OptimizerConfig(**kwargs)
