@@ -26,8 +26,9 @@ import sys
 import jax
 import numpy as np
 
-from kjax import evaluation, tasks
+from kjax import checkpoint, evaluation, files, tasks
 from kjax.rewards.verdict import Verdicts
+from kjax.rl import multihost
 from kjax.rl.config import override
 
 
@@ -49,8 +50,22 @@ def parse(argv=None) -> tuple[argparse.Namespace, dict[str, str]]:
         fields[name.removeprefix("--task.")] = value
     if args.n < 1 or args.problems < 1:
         p.error(f"--n and --problems must be >= 1; got {args.n} and {args.problems}")
-    if not (pathlib.Path(args.workdir) / "experiment.json").is_file():
+    if args.temperature is not None and not args.temperature > 0:  # NaN too
+        p.error(
+            f"--temperature must be > 0; got {args.temperature} (sampling divides the logits "
+            "by it; for near-greedy decoding give a small value such as 0.01)"
+        )
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        p.error(f"--max_new_tokens must be >= 1 (left out: the run's); got {args.max_new_tokens}.")
+    run = pathlib.Path(args.workdir)
+    if not (run / "experiment.json").is_file():
         p.error(f"--workdir={args.workdir}: no experiment.json (a training run's workdir?)")
+    if not checkpoint.has_checkpoint(run / "checkpoints"):
+        p.error(
+            f"--workdir={args.workdir}: no checkpoint in {run / 'checkpoints'} (the run saved "
+            "none yet); train it first (python -m experiments.train ... --workdir=same) or "
+            "give a run that has one"
+        )
     return args, fields
 
 
@@ -96,6 +111,7 @@ def main(argv=None) -> int:
     logging.set_verbosity(logging.ERROR)
     run_dir = pathlib.Path(args.workdir)
     try:
+        multihost.device_count()  # JAX_PLATFORMS naming a backend this machine lacks
         task_cfg = task_config(run_dir, args.task, fields)
         policy = infer.load_policy(run_dir, problems=args.problems, task=task_cfg)
     except (ValueError, FileNotFoundError) as e:
@@ -103,8 +119,14 @@ def main(argv=None) -> int:
         return 2
     cfg = policy.cfg
     temperature = cfg.eval.temperature if args.temperature is None else args.temperature
-    tokens = args.max_new_tokens or cfg.max_new_tokens
+    tokens = cfg.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
     examples = list(policy.task.test)[: args.problems]
+    if len(examples) < args.problems:
+        print(
+            f"note: --problems={args.problems} but {task_cfg.kind}'s test split has "
+            f"{len(examples)} problems; scoring those {len(examples)}.",
+            file=sys.stderr,
+        )
     key = jax.random.key(args.seed)
     d = infer.draw(policy, policy.task, examples, args.n, temperature, tokens, key)
     results = by_category(examples, d.scores, d.answers)
@@ -114,9 +136,14 @@ def main(argv=None) -> int:
     )
     text = f"{title}\n\n{markdown(results, args.n)}\n"
     out = run_dir / "evaluate"
-    out.mkdir(exist_ok=True)
-    (out / f"{task_cfg.kind}.md").write_text(text)
-    (out / f"{task_cfg.kind}.json").write_text(json.dumps(results, indent=1))
+    try:
+        out.mkdir(exist_ok=True)
+        files.write_atomic(out / f"{task_cfg.kind}.md", text)
+        files.write_atomic(out / f"{task_cfg.kind}.json", json.dumps(results, indent=1))
+    except OSError as e:
+        print(text)
+        print(f"experiments.evaluate: error: cannot write {out}: {e.strerror}", file=sys.stderr)
+        return 2
     print(text)
     print(f"wrote {out}/{task_cfg.kind}.md and .json")
     return 0

@@ -103,10 +103,12 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
     params = jax.eval_shape(init) if restore else init()
     model_config, tokenizer = built["config"], built["tokenizer"]
     if restore:
+        if not checkpoint.has_checkpoint(run_dir / "checkpoints"):  # and create nothing there
+            raise FileNotFoundError(
+                f"no checkpoint in {run_dir}/checkpoints; train the run first (experiments.train)"
+            )
         ckpt = checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig())
         with ckpt:
-            if ckpt.latest_step() is None:
-                raise FileNotFoundError(f"--checkpoint: no checkpoint in {run_dir}/checkpoints.")
             state, _ = ckpt.restore(None)  # the saved tree as is: only params are needed
         params = jax.device_put(state["params"], jax.devices()[0])
     if task is not None and task != cfg.task:

@@ -24,7 +24,15 @@ def load_config(spec: str) -> TrainConfig:
         raise ValueError(f"--config: no such file {path!r} (expected FILE.py:PRESET).")
     module_spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error, a failing import: not a usable config file
+        raise ValueError(f"--config: {path} failed to load ({type(e).__name__}: {e}).") from None
+    if not callable(getattr(module, "get_config", None)):
+        raise ValueError(
+            f"--config: {path} is not a config file (it defines no get_config(preset)); "
+            "pass one of experiments/configs/*.py:PRESET."
+        )
     presets = getattr(module, "PRESETS", {})
     if preset and preset not in presets:
         raise ValueError(f"--config: {path} has no preset {preset!r}; presets: {sorted(presets)}.")
@@ -50,15 +58,26 @@ def parse(argv: list[str]) -> tuple[TrainConfig, str]:
     return override(cfg, items), args.workdir
 
 
-def main(argv: list[str] | None = None) -> int:
-    import jax
+def os_error(e: OSError, workdir: str) -> str:
+    """The message of a file the run could not read or write (no traceback)."""
+    if e.filename is None:
+        return str(e)
+    name = pathlib.Path(e.filename).absolute()
+    if name.is_relative_to(pathlib.Path(workdir).absolute()):
+        return (
+            f"--workdir={workdir}: cannot write {e.filename} ({e.strerror}); give a --workdir "
+            "that is a folder this user can write (not read-only, not under a file)."
+        )
+    return f"cannot use {e.filename} ({e.strerror}); check that path."
 
+
+def main(argv: list[str] | None = None) -> int:
     try:
         cfg, workdir = parse(sys.argv[1:] if argv is None else argv)
-        from kjax.rl.multihost import maybe_initialize_distributed
+        from kjax.rl import multihost
 
-        maybe_initialize_distributed()
-        cfg.validate(jax.device_count())
+        multihost.maybe_initialize_distributed()
+        cfg.validate(multihost.device_count())
     except ValueError as e:
         print(f"experiments.train: error: {e}", file=sys.stderr)
         return 2
@@ -66,9 +85,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         final = train_and_evaluate(cfg, workdir)
-    except (ValueError, FloatingPointError) as e:  # workdir identity, NaN stop
+    except (ValueError, FloatingPointError) as e:  # workdir identity, data, NaN stop
         print(f"experiments.train: error: {e}", file=sys.stderr)
         return 3 if isinstance(e, FloatingPointError) else 2
+    except OSError as e:  # a workdir that cannot be written, a missing file
+        print(f"experiments.train: error: {os_error(e, workdir)}", file=sys.stderr)
+        return 2
     from kjax.evaluation import k_values
 
     ks = [k for k in k_values(cfg.eval.n_eval) if f"eval/pass@{k}" in final]
