@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import re
 from collections.abc import Callable
@@ -195,11 +196,22 @@ def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
     return components, state.params
 
 
-def fingerprint(cfg) -> str:
-    """A short hash of a run's whole config (a dataclass), stored with its result."""
+def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
+    """A short hash of a run's whole config (a dataclass), stored with its result. Given the
+    table's workdir, the warm start's folder (sft.cache_dir) counts relative to it when
+    inside it (absolute otherwise): how the workdir is spelled (relative, absolute), moved
+    or copied is no part of a run, while a warm start in another folder still is. Without
+    a workdir: the hash of rows written before, with the folder as this process spells it."""
     import hashlib
 
-    text = json.dumps(dataclasses.asdict(cfg), default=str, sort_keys=True)
+    fields = dataclasses.asdict(cfg)
+    sft = fields.get("sft")
+    if workdir is not None and isinstance(sft, dict) and sft.get("cache_dir"):
+        folder = pathlib.Path(os.path.abspath(sft["cache_dir"]))
+        top = pathlib.Path(os.path.abspath(workdir))
+        inside = folder.is_relative_to(top)
+        sft["cache_dir"] = f"WORKDIR/{folder.relative_to(top)}" if inside else str(folder)
+    text = json.dumps(fields, default=str, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

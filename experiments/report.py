@@ -18,6 +18,7 @@ import numpy as np
 from experiments import tuning
 from experiments.claims import TEST, MetricKey, claims_table, fmt, judge_all, t_interval, values
 from experiments.provenance import provenance, provenance_line
+from kjax.files import write_atomic
 
 if TYPE_CHECKING:  # the type only: harness imports this module
     from experiments.harness import Table
@@ -60,7 +61,11 @@ def report(
     their tests, the tuning (`chosen`, when the table tunes), run time (`tuning_hours` of
     it in tuning runs), and `written` (a provenance() of the writer) when given."""
     hours = sum(r.get("wall_s", 0.0) for r in rows) / 3600
-    diverged = [f"{r['arm']} (seed {r['seed']})" for r in rows if r["status"] == "diverged"]
+    diverged = [
+        f"{r['arm']} (seed {r['seed']}" + (f": {r['error']})" if r.get("error") else ")")
+        for r in rows
+        if r["status"] == "diverged"
+    ]  # with the reason: a FloatingPointError from a bug reads as one, never as a result
     judged = judge_all(rows, table.claims)
     parts = [
         f"## {table.title}",
@@ -153,10 +158,10 @@ def write_outputs(
     rates in NAME.claims.json."""
     out.mkdir(parents=True, exist_ok=True)
     written = provenance()
-    (out / f"{table.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(out / f"{table.name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if chosen:
         lines = "".join(json.dumps(r) + "\n" for r in tuning_rows)
-        (out / f"{table.name}.tuning.jsonl").write_text(lines)
+        write_atomic(out / f"{table.name}.tuning.jsonl", lines)
     judged = [
         {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in j.items()}
         for j in judge_all(rows, table.claims)
@@ -164,9 +169,9 @@ def write_outputs(
     claims = {"test": TEST, "seeds": list(seeds), "provenance": written, "claims": judged}
     if chosen:
         claims["tuning"] = {"seeds": list(table.tuning.seeds), "chosen": chosen}
-    (out / f"{table.name}.claims.json").write_text(json.dumps(claims, indent=1) + "\n")
+    write_atomic(out / f"{table.name}.claims.json", json.dumps(claims, indent=1) + "\n")
     tuning_hours = sum(r.get("wall_s", 0.0) for r in tuning_rows) / 3600
     text = report(table, rows, seeds, smoke, written, chosen, tuning_hours)
-    (out / f"{table.name}.md").write_text(text)
+    write_atomic(out / f"{table.name}.md", text)
     (table.plot or bar_plot)(table, rows, out / f"{table.name}.png")
     return text

@@ -22,7 +22,15 @@ from collections.abc import Sequence
 from experiments import harness, tuning
 from experiments.harness import ArmFailed, Context, Table, slug
 from experiments.report import SMOKE_SKIPPED, write_outputs
-from experiments.table_runs import lockstep, run_one, run_table, warm_start
+from experiments.table_runs import (
+    lockstep,
+    read_result,
+    run_one,
+    run_table,
+    smoke_skipped,
+    warm_start,
+)
+from experiments.train import os_error
 
 
 def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
@@ -119,12 +127,16 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
     finished; stops at the first incomplete seed, so no seed is ever picked."""
     rows, done = [], []
     for seed in seeds:
+        trained = [a for a in table.arms if not smoke_skipped(table, a.name, ctx)]
         paths = [ctx.workdir / "runs" / slug(a.name) / f"seed{seed}" / "result.json"
-                 for a in table.arms]  # fmt: skip
+                 for a in trained]  # fmt: skip
         extra = ctx.workdir / "runs" / "_per_seed" / f"seed{seed}.json"
         if not all(p.exists() for p in paths) or (table.per_seed and not extra.exists()):
             break
-        seed_rows = [json.loads(p.read_text()) for p in paths]
+        found = {a.name: read_result(p) for a, p in zip(trained, paths, strict=True)}
+        skipped = {"status": SMOKE_SKIPPED, "metrics": {}, "wall_s": 0.0}  # as a smoke run's
+        seed_rows = [found.get(a.name) or {"table": table.name, "arm": a.name, "seed": seed,
+                                           **skipped} for a in table.arms]  # fmt: skip
         harness.merge(table, seed_rows, json.loads(extra.read_text()) if table.per_seed else {})
         rows, done = rows + seed_rows, done + [seed]
     return rows, done
@@ -174,10 +186,15 @@ def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
     """Writes the table's outputs from finished rows (a NAME.jsonl) without training: the
     table's derived metrics are recomputed and its current claims judged. The rows keep
     their own provenance (none, for rows written before it was recorded)."""
-    if not path.exists():
-        print(f"error: --from_rows={path}: no such file", file=sys.stderr)
-        return 1
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not path.is_file():
+        print(f"error: --from_rows={path}: no such file (a NAME.jsonl of rows)", file=sys.stderr)
+        return 2
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        print(f"error: --from_rows={path}: not JSON lines ({e}); give a NAME.jsonl of rows.",
+              file=sys.stderr)  # fmt: skip
+        return 2
     harness.merge(table, rows, {})
     seeds = sorted({r["seed"] for r in rows})
     text = write_outputs(table, rows, seeds, False, out)
@@ -209,6 +226,9 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
         return rejudge(table, pathlib.Path(args.from_rows), workdir)
     chosen, tuning_rows = None, []
     try:
+        from kjax.rl import multihost
+
+        multihost.device_count()  # JAX_PLATFORMS naming a backend this machine lacks
         if args.arms:
             table = only_arms(table, arm_names(table, args.arms))
         if args.learning_rates:
@@ -222,14 +242,26 @@ def main(table: Table, argv=None, default_seeds: int = 5) -> int:
         else:
             rows = run_table(table, seeds, ctx)
     except (ValueError, FileNotFoundError) as e:  # a bad --arms or --learning_rates
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {str(e).rstrip('.')}.", file=sys.stderr)
         return 2
     except ArmFailed as e:  # finished runs are kept; the table resumes after the fix
-        if e.__cause__ is not None:
-            traceback.print_exception(e.__cause__)
-        print(f"error: {e}. No table was written; fix the arm and rerun.", file=sys.stderr)
+        cause = e.__cause__
+        if isinstance(cause, OSError) and os_error(cause, workdir).startswith("--workdir"):
+            print(f"error: {os_error(cause, workdir)}", file=sys.stderr)  # not the arm's fault
+            return 2
+        if cause is not None and not isinstance(cause, ValueError):
+            traceback.print_exception(cause)  # a bug's traceback; a user's error is its message
+        print(f"error: {str(e).rstrip('.')}. No table was written; fix the arm and rerun.",
+              file=sys.stderr)  # fmt: skip
         return 1
-    text = write_outputs(table, rows, seeds, args.smoke, workdir, chosen, tuning_rows)
+    except OSError as e:  # a workdir that cannot be written
+        print(f"error: {os_error(e, workdir)}", file=sys.stderr)
+        return 2
+    try:
+        text = write_outputs(table, rows, seeds, args.smoke, workdir, chosen, tuning_rows)
+    except OSError as e:
+        print(f"error: {os_error(e, workdir)}", file=sys.stderr)
+        return 2
     print(
         f"\n{text}\nwall time of this invocation: {(time.time() - start) / 60:.1f} min; "
         f"{workdir}/{table.name}.{{md,jsonl,claims.json,png}}"

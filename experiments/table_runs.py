@@ -31,42 +31,90 @@ from experiments import harness
 from experiments.harness import Arm, ArmFailed, Context, Table, arm_config, fingerprint, slug
 from experiments.provenance import provenance
 from experiments.report import RUNNING, SMOKE_SKIPPED
+from kjax.files import write_atomic
 
 
 def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
     """The result row of (arm, seed), from its result.json when already done. ArmFailed when
     the arm raises anything but FloatingPointError (a divergence: a "diverged" row)."""
     run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
-    done = run_dir / "result.json"
-    if done.exists():
-        return _reuse(table, arm, seed, ctx, run_dir)
-    if ctx.report_only:
-        raise ArmFailed(
-            f"table {table.name}: arm {arm.name!r} at seed {seed} has no finished run in "
-            f"{run_dir}; rerun without --report_only to train it."
-        )
     try:
+        row = _reuse(table, arm, seed, ctx, run_dir)
+        if row is not None:
+            return row
+        if ctx.report_only and not (ctx.validate_only or smoke_skipped(table, arm.name, ctx)):
+            raise ArmFailed(
+                f"table {table.name}: arm {arm.name!r} at seed {seed} has no finished run in "
+                f"{run_dir}; rerun without --report_only to train it"
+            )
         row = _run(table, arm, seed, ctx, run_dir)
+    except ArmFailed:
+        raise
     except Exception as e:
         raise ArmFailed(
             f"table {table.name}: arm {arm.name!r} at seed {seed} failed with "
             f"{type(e).__name__}: {e}"
         ) from e
-    ctx.log(f"[{table.name}] {arm.name} seed {seed}: {row['status']} ({row['wall_s']} s)")
+    reason = f": {row['error']}" if row.get("error") else ""
+    ctx.log(f"[{table.name}] {arm.name} seed {seed}: {row['status']} ({row['wall_s']} s){reason}")
     return row
 
 
-def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict:
+def smoke_skipped(table: Table, arm: str, ctx: Context) -> bool:
+    """Whether --smoke builds and validates the arm without training it (Table.smoke_arms)."""
+    return ctx.smoke and bool(table.smoke_arms) and arm not in table.smoke_arms
+
+
+class TornResult(ValueError):
+    """A result.json that is not JSON: written by a kjax that did not write it atomically,
+    and killed mid-write."""
+
+
+def read_result(path: pathlib.Path) -> dict:
+    """A finished run's row (its result.json); TornResult names the file and the fix."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TornResult(
+            f"{path} is torn ({e}): its run finished but was killed while writing it; delete "
+            "it and rerun without --report_only (the run resumes from its last checkpoint)"
+        ) from None
+
+
+def write_result(path: pathlib.Path, row: dict) -> None:
+    """result.json, atomically: a kill leaves the finished row or none, never a torn one."""
+    write_atomic(path, json.dumps(row, indent=1))
+
+
+def matches(stored: str, cfg, workdir: pathlib.Path) -> bool:
+    """Whether a row's config_sha is cfg's in this workdir: its fingerprint, or the one of
+    rows written before fingerprints were independent of the workdir's spelling."""
+    return stored in (fingerprint(cfg, workdir), fingerprint(cfg))
+
+
+def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict | None:
     """A finished run's row, when it was run with the config the table asks for now; a row
     from another config (e.g. a learning rate tuned again since, or a changed budget) is
-    an error, never a result. Rows written before configs were fingerprinted are kept."""
-    row = json.loads((run_dir / "result.json").read_text())
+    an error, never a result. Rows written before configs were fingerprinted are kept.
+    None when the run has not finished, or its result.json is torn (set aside as
+    result.json.torn: the run is redone from its checkpoints)."""
+    done = run_dir / "result.json"
+    if not done.exists():
+        return None
+    try:
+        row = read_result(done)
+    except TornResult as e:
+        if ctx.report_only and not (ctx.validate_only or smoke_skipped(table, arm.name, ctx)):
+            raise ArmFailed(f"table {table.name}: arm {arm.name!r} at seed {seed}: {e}") from None
+        done.replace(done.with_name("result.json.torn"))
+        ctx.log(f"[{table.name}] {e}; set aside as result.json.torn, redoing the run")
+        return None
     stored = row.get("config_sha")
-    if stored is not None and stored != fingerprint(arm_config(table, arm, seed, ctx)):
+    if stored is not None and not matches(stored, arm_config(table, arm, seed, ctx), ctx.workdir):
         raise ArmFailed(
             f"table {table.name}: arm {arm.name!r} at seed {seed}: {run_dir} holds a finished "
             "run of another config (a learning rate tuned again, or a changed budget); delete "
-            "that folder to rerun it, or use a new --workdir."
+            "that folder to rerun it, or use a new --workdir"
         )
     return row
 
@@ -79,36 +127,44 @@ def finished_by_config(workdirs: Sequence[pathlib.Path]) -> dict[str, pathlib.Pa
         if not workdir.is_dir():
             raise FileNotFoundError(f"--reuse_runs={workdir}: no such folder")
         for path in sorted(workdir.glob("*/**/result.json")):
-            row = json.loads(path.read_text())
+            try:
+                row = read_result(path)
+            except TornResult:
+                continue  # not a finished result: that run trains here instead
             sha = row.get("config_sha")
             if sha and row.get("status") in ("ok", "diverged"):
                 found.setdefault(sha, path)
     return found
 
 
-_FINISHED: dict[tuple, dict[str, pathlib.Path]] = {}
+_FINISHED: dict[pathlib.Path, dict[str, pathlib.Path]] = {}
 
 
-def reused_row(table: Table, arm: Arm, seed: int, ctx: Context, sha: str) -> dict | None:
+def reused_row(table: Table, arm: Arm, seed: int, ctx: Context) -> dict | None:
     """The row of a finished run of another table (ctx.reuse) whose whole config,
     fingerprinted, is this run's: the same training, so its result is this run's too
     (README: tables 1, 2 and 6 share their mean, LOO-1 and centred PG arms). It keeps the
-    provenance of the process that trained it and says where it came from."""
-    if not ctx.reuse:
-        return None
-    if ctx.reuse not in _FINISHED:  # scanned once per process; those tables are finished
-        _FINISHED[ctx.reuse] = finished_by_config(ctx.reuse)
-    path = _FINISHED[ctx.reuse].get(sha)
-    if path is None:
-        return None
-    row = json.loads(path.read_text())
-    return {**row, "table": table.name, "arm": arm.name, "seed": seed,
-            "reused_from": str(path)}  # fmt: skip
+    provenance of the process that trained it and says where it came from. The config is
+    fingerprinted as that table's workdir sees it, so only the same warm-start folder
+    matches (the first workdir given wins a tie)."""
+    cfg = arm_config(table, arm, seed, ctx) if ctx.reuse else None
+    for workdir in ctx.reuse:
+        if workdir not in _FINISHED:  # scanned once per process; those tables are finished
+            _FINISHED[workdir] = finished_by_config([workdir])
+        found = _FINISHED[workdir]
+        # rows written before fingerprints took the workdir have the plain one
+        path = found.get(fingerprint(cfg, workdir)) or found.get(fingerprint(cfg))
+        if path is not None:
+            row = json.loads(path.read_text())
+            return {**row, "table": table.name, "arm": arm.name, "seed": seed,
+                    "config_sha": fingerprint(cfg, ctx.workdir),  # as this table sees it
+                    "reused_from": str(path)}  # fmt: skip
+    return None
 
 
 def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict:
     row = {"table": table.name, "arm": arm.name, "seed": seed, "provenance": provenance()}
-    if ctx.validate_only or (ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms):
+    if ctx.validate_only or smoke_skipped(table, arm.name, ctx):
         import jax  # keep CI short: the other arms' configs are built and validated only
 
         arm_config(table, arm, seed, ctx).validate(jax.device_count())
@@ -122,12 +178,13 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return {**row, "status": RUNNING, "metrics": {}, "wall_s": 0.0}
-        if done.exists():  # another worker finished it meanwhile
-            return _reuse(table, arm, seed, ctx, run_dir)
-        row["config_sha"] = fingerprint(arm_config(table, arm, seed, ctx))
-        reused = reused_row(table, arm, seed, ctx, row["config_sha"])
+        finished = _reuse(table, arm, seed, ctx, run_dir)  # another worker finished it
+        if finished is not None:
+            return finished
+        row["config_sha"] = fingerprint(arm_config(table, arm, seed, ctx), ctx.workdir)
+        reused = reused_row(table, arm, seed, ctx)
         if reused is not None:
-            done.write_text(json.dumps(reused, indent=1))
+            write_result(done, reused)
             return reused
         start = time.time()
         try:
@@ -137,7 +194,7 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
         except FloatingPointError as e:
             row.update(status="diverged", metrics={}, error=str(e).splitlines()[0])
         row["wall_s"] = round(time.time() - start, 1)
-        done.write_text(json.dumps(row, indent=1))
+        write_result(done, row)
     return row
 
 
@@ -166,10 +223,22 @@ def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None
     nothing where lockstep does not apply: a table with its own execute, an arm a smoke
     run skips, validation or report-only contexts, fewer than two pending seeds, or a
     config train_seeds refuses (dynamic sampling, a verifier pool): run_one trains those
-    one seed at a time."""
+    one seed at a time. An arm that raises (built or trained) is an ArmFailed naming it."""
+    try:
+        _lockstep(table, arm, seeds, ctx)
+    except ArmFailed:
+        raise
+    except Exception as e:
+        raise ArmFailed(
+            f"table {table.name}: arm {arm.name!r} at seeds {list(seeds)} (in lockstep) failed "
+            f"with {type(e).__name__}: {e}"
+        ) from e
+
+
+def _lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None:
     if table.execute is not None or ctx.validate_only or ctx.report_only or ctx.lockstep < 2:
         return
-    if ctx.smoke and table.smoke_arms and arm.name not in table.smoke_arms:
+    if smoke_skipped(table, arm.name, ctx):
         return
     import fcntl
 
@@ -180,7 +249,7 @@ def lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> None
         run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
         asked = arm_config(table, arm, seed, ctx)
         cfg = dataclasses.replace(asked, name=slug(arm.name))
-        reused = reused_row(table, arm, seed, ctx, fingerprint(asked))
+        reused = reused_row(table, arm, seed, ctx)
         if not (run_dir / "result.json").exists() and not reused:
             pending.append((seed, run_dir, cfg))  # run_one takes the reused ones
     if len(pending) < 2 or seeds_lib.unsupported(pending[0][2]):
@@ -228,7 +297,7 @@ def _lockstep_group(table: Table, arm: Arm, mine: list, ctx: Context) -> None:
     wall = round((time.time() - start) / len(mine), 1)  # each seed's share
     for (seed, run_dir, cfg), result in zip(mine, results, strict=True):
         row = {"table": table.name, "arm": arm.name, "seed": seed, "provenance": provenance(),
-               "config_sha": fingerprint(arm_config(table, arm, seed, ctx)),
+               "config_sha": fingerprint(arm_config(table, arm, seed, ctx), ctx.workdir),
                "lockstep_seeds": len(mine), "wall_s": wall}  # fmt: skip
         if isinstance(result, FloatingPointError):
             row.update(status="diverged", metrics={}, error=str(result).splitlines()[0])
@@ -236,7 +305,7 @@ def _lockstep_group(table: Table, arm: Arm, mine: list, ctx: Context) -> None:
             metrics = harness.run_metrics(cfg, run_dir, result)
             finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
             row.update(status="ok" if finite else "diverged", metrics=metrics)
-        (run_dir / "result.json").write_text(json.dumps(row, indent=1))
+        write_result(run_dir / "result.json", row)
     ctx.log(f"[{table.name}] {arm.name}: {len(mine)} seeds in lockstep, {wall} s per seed")
 
 
@@ -255,7 +324,7 @@ def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
             if not extra_path.exists():
                 extra_path.parent.mkdir(parents=True, exist_ok=True)
                 extra = table.per_seed(table, seed, ctx)
-                extra_path.write_text(json.dumps(extra, indent=1))
+                write_atomic(extra_path, json.dumps(extra, indent=1))
             harness.merge(table, seed_rows, json.loads(extra_path.read_text()))
         else:
             harness.merge(table, seed_rows, {})
