@@ -42,7 +42,7 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
         row = _reuse(table, arm, seed, ctx, run_dir)
         if row is not None:
             return row
-        if ctx.report_only and not (ctx.validate_only or smoke_skipped(table, arm.name, ctx)):
+        if _must_be_finished(table, arm, ctx):
             raise ArmFailed(
                 f"table {table.name}: arm {arm.name!r} at seed {seed} has no finished run in "
                 f"{run_dir}; rerun without --report_only to train it"
@@ -63,6 +63,12 @@ def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
 def smoke_skipped(table: Table, arm: str, ctx: Context) -> bool:
     """Whether --smoke builds and validates the arm without training it (Table.smoke_arms)."""
     return ctx.smoke and bool(table.smoke_arms) and arm not in table.smoke_arms
+
+
+def _must_be_finished(table: Table, arm: Arm, ctx: Context) -> bool:
+    """Under --report_only, a run that would train must have finished (one a smoke run
+    only validates never trains)."""
+    return ctx.report_only and not (ctx.validate_only or smoke_skipped(table, arm.name, ctx))
 
 
 class TornResult(ValueError):
@@ -104,7 +110,7 @@ def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Pat
     try:
         row = read_result(done)
     except TornResult as e:
-        if ctx.report_only and not (ctx.validate_only or smoke_skipped(table, arm.name, ctx)):
+        if _must_be_finished(table, arm, ctx):
             raise ArmFailed(f"table {table.name}: arm {arm.name!r} at seed {seed}: {e}") from None
         done.replace(done.with_name("result.json.torn"))
         ctx.log(f"[{table.name}] {e}; set aside as result.json.torn, redoing the run")
