@@ -14,7 +14,7 @@ Prints a Markdown table (median step s, its sample/score/update split, TRL / kja
 writes --out JSON. The goal is TRL / kjax >= 2. A benchmark, not a test: on a shared CPU
 the figures are noisy. Without the TRL env it exits non-zero saying how to make one.
 --smoke (seconds; what the default test tier runs so the benchmark cannot rot): the tiny
-char-level model of experiments/configs/tiny_arith.py (random init) at 2 x 2 x 4, one
+char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4, one
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
@@ -68,7 +68,7 @@ _MAKE_ENV = (
 )
 KJAX_OBJECTIVE = "MEAN, GROUP_MEAN (Dr.GRPO) advantages, CONSTANT_NORMALIZER, PG, no KL"
 TRL_OBJECTIVE = 'dr_grpo, scale_rewards="none", beta=0, num_iterations=1'
-SMOKE = {"prompts": 2, "samples": 2, "tokens": 4, "steps": 1, "warmup": 1}
+SMOKE = {"prompts": 8, "samples": 2, "tokens": 4, "steps": 1, "warmup": 1}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -82,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (TRL)")
     p.add_argument("--trl_python", default="", help="the TRL env's python ($KJAX_TRL_PYTHON)")
     p.add_argument("--out", default="", help="also write the results as JSON here")
-    p.add_argument("--smoke", action="store_true", help="tiny model, 2 x 2 x 4, kjax only")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 8 x 2 x 4, kjax only")
     args = p.parse_args(argv)
     if args.smoke:
         vars(args).update(SMOKE)
