@@ -39,7 +39,7 @@ echo "{\"pytest_gpu_exit_code\": $rc}" > "$OUT/gpu_tests.json"
 # datasheet bandwidth of H100/H200, else measured). No transformers comparison here.
 for model in smollm2 llama3_1b; do
   timeout 150 $PY -m experiments.bench_sampler --model=$model --dtype=bfloat16 \
-    --shapes=8x8,64x1 --repeats=3 --transformers=false --out="$OUT/sampler_$model.json" \
+    --shapes=8x8,64x1 --repeats=3 --no-transformers --out="$OUT/sampler_$model.json" \
     > "$OUT/sampler_$model.log" 2>&1 || status=1
 done
 

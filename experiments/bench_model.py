@@ -2,7 +2,8 @@
 
 Command: python -m experiments.bench_model [--batch 16 --seq 128 --repeats 3]
 Hardware: whatever runs it (float32; the peak is measured here, not looked up).
-Runtime: ~4 minutes on 2 quiet CPU cores. Prints a Markdown table.
+Runtime: ~4 minutes on 2 quiet CPU cores. Prints a Markdown table. --smoke (seconds; the
+default test tier runs it so the benchmark cannot rot): a 2-layer d=32 model at [2, 16].
 Measured so (2026-12-01, quiet machine, one run each): at a7a7897 (the layer scan saves
 only named residuals) peak 142 GFLOP/s; kjax fwd 330 tok/s, fwd+bwd 89 tok/s; PyTorch fwd
 324 tok/s, fwd+bwd 109 tok/s: kjax fwd+bwd 0.82x PyTorch. The run before it, same day:
@@ -66,6 +67,13 @@ def best_times(fns: dict, repeats: int) -> dict:
     return best
 
 
+# --smoke's model: the benchmark's code paths in seconds, not its figures.
+SMOKE = dataclasses.replace(
+    SMOLLM2_135M, vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8,
+)  # fmt: skip
+
+
 def matmul_fns(sizes=(2048, 4096)) -> dict:
     """Square float32 matmuls in JAX and PyTorch; the best is the attainable peak."""
     import torch
@@ -127,18 +135,24 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=30, help="fewer for a quick look")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and shapes: seconds")
     args = parser.parse_args(argv)
     config = dataclasses.replace(SMOLLM2_135M, num_layers=args.layers)
+    sizes = (2048, 4096)
+    if args.smoke:
+        config, sizes = SMOKE, (256,)
+        args.batch, args.seq, args.repeats, args.layers = 2, 16, 1, SMOKE.num_layers
     n = args.batch * args.seq
     tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, config.vocab_size)
-    fns = matmul_fns() | kjax_fns(config, tokens) | torch_fns(config, tokens)
+    fns = matmul_fns(sizes) | kjax_fns(config, tokens) | torch_fns(config, tokens)
     t = best_times(fns, args.repeats)
     rates = {k: 2 * int(k.rsplit("_", 1)[1]) ** 3 / v for k, v in t.items() if "matmul" in k}
     peak = max(rates.values())
     flops = model_flops_per_token(config, args.seq)
     probes = ", ".join(f"{k[7:]} {r / 1e9:.0f}" for k, r in rates.items())
+    shape = "smoke model" if args.smoke else "SmolLM2-135M shape"
     print(
-        f"SmolLM2-135M shape ({args.layers} layers), [B,S]=[{args.batch},{args.seq}], float32, "
+        f"{shape} ({args.layers} layers), [B,S]=[{args.batch},{args.seq}], float32, "
         f"{jax.device_count()} {jax.default_backend()} device(s); float32 matmul peak "
         f"{peak / 1e9:.0f} GFLOP/s (best of {probes})\n"
     )

@@ -2,6 +2,7 @@
 update's tokens/s and MFU.
 
   python -m experiments.bench_rl_step [--shapes=tiny_arith,smollm2] [--steps=5] [--out=F.json]
+      [--smoke]
 
 tiny_arith: the real pipeline of experiments/configs/tiny_arith.py:passk (random init, no
 SFT). smollm2: random weights of SmolLM2-135M's shape, B x N = 4 x 4 prompts of 64 tokens,
@@ -22,57 +23,74 @@ temporaries 3,808 vs 1,241 MiB; before it (cb4ed09) 31.48 vs 13.80 s (2.28x), 7,
 3,215 MiB, tiny_arith 2.11x. The paths' matmul FLOPs differ by 2.51x (2,601 vs 1,037
 GFLOP), so on a compute-bound CPU that is the ceiling at this shape (both run at 68-70% MFU):
 the 3x goal needs fewer FLOPs than the shared path's, not a faster kernel.
+--smoke (seconds; the default test tier runs it so the benchmark cannot rot): tiny_arith,
+one warm-up and one timed step, the tiny_arith paths once each.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
 
 from experiments import update_paths
 from experiments.configs import tiny_arith
+from experiments.provenance import matmul_peak
 from kjax.rl import api
 from kjax.rl.config import ArithConfig, ModelConfig, Objective, ObjectiveConfig, SFTConfig
-
-flags.DEFINE_list("shapes", ["tiny_arith"], "tiny_arith and/or smollm2.")
-flags.DEFINE_integer("steps", 5, "Timed RL steps per shape (after 2 warm-up steps).")
-flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s for MFU (0: known table / measured).")
-flags.DEFINE_string("out", "", "Also write the results as JSON here.")
-flags.DEFINE_list("paths", ["tiny_arith", "smollm2"], "Update-path comparison shapes.")
-flags.DEFINE_integer("path_repeats", 3, "Timed loss+grad calls per path (best of).")
-flags.DEFINE_enum("path_dtype", "float32", ["float32", "bfloat16"], "--paths compute dtype.")
-FLAGS = flags.FLAGS
 
 _PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v5p": 459.0, "TPU v4": 275.0}
 
 
-def peak_tflops() -> tuple[float, str]:
-    if FLAGS.peak_tflops:
-        return FLAGS.peak_tflops, "flag"
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="experiments.bench_rl_step", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--shapes", default="tiny_arith", help="tiny_arith and/or smollm2")
+    p.add_argument("--steps", type=int, default=5, help="timed RL steps per shape")
+    p.add_argument("--warmup", type=int, default=2, help="untimed RL steps before them")
+    p.add_argument("--peak_tflops", type=float, default=0.0, help="0: known table / measured")
+    p.add_argument("--out", default="", help="also write the results as JSON here")
+    p.add_argument("--paths", default="tiny_arith,smollm2", help="update-path shapes ('' skips)")
+    p.add_argument("--path_repeats", type=int, default=3, help="timed loss+grad calls (best)")
+    p.add_argument("--path_dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--smoke", action="store_true", help="tiny_arith only, one step: seconds")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.shapes, args.paths, args.steps, args.warmup, args.path_repeats = (
+            "tiny_arith", "tiny_arith", 1, 1, 1
+        )  # fmt: skip
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.paths = [s for s in args.paths.split(",") if s]
+    return args
+
+
+def peak_tflops(flag: float = 0.0, n: int = 2048) -> tuple[float, str]:
+    """(peak TFLOP/s, where it came from): the flag, a known accelerator's datasheet, or
+    this machine's float32 n x n matmul rate."""
+    if flag:
+        return flag, "flag"
     kind = jax.devices()[0].device_kind
     for name, tflops in _PEAK_TFLOPS.items():
         if name.lower() in kind.lower():
             return tflops * jax.device_count(), f"table ({kind}, bf16 dense)"
-    x = jnp.ones((2048, 2048), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    t = time.perf_counter()
-    for _ in range(5):
-        f(x).block_until_ready()
-    return 5 * 2 * 2048**3 / (time.perf_counter() - t) / 1e12, f"measured f32 matmul ({kind})"
+    return matmul_peak(n) / 1e12, f"measured f32 matmul ({kind})"
 
 
-def config(shape: str, workdir: str):
+def config(shape: str, workdir: str, smoke: bool = False):
     cfg = tiny_arith.get_config("passk")
     cfg = dataclasses.replace(cfg, sft=SFTConfig(steps=0), steps=10, name=f"bench_{shape}")
+    if smoke:  # fewer samples and problems: the pipeline's code paths, quickly
+        cfg = dataclasses.replace(
+            cfg, batch_prompts=8, samples=4, objective=ObjectiveConfig(Objective.MAX_AT_K, k=2),
+            task=dataclasses.replace(cfg.task, train_size=64, test_size=8),
+        )  # fmt: skip
     if shape == "smollm2":
         cfg = dataclasses.replace(
             cfg, batch_prompts=4, samples=4, max_new_tokens=32,
@@ -84,20 +102,20 @@ def config(shape: str, workdir: str):
     return cfg
 
 
-def bench(shape: str) -> dict:
+def bench(shape: str, args: argparse.Namespace, peak: tuple[float, str]) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
-        cfg = config(shape, workdir)
+        cfg = config(shape, workdir, args.smoke)
         run = api.open_run(cfg, workdir)
         if shape == "smollm2":  # the real vocabulary size: random-token prompts, same shapes
             run = _widen_vocab(run, 49152)
-        state, rows = api.rl_steps(run, run.state, 2 + FLAGS.steps)
+        state, rows = api.rl_steps(run, run.state, args.warmup + args.steps)
         run.close()
-        timed = rows[2:]
+        timed = rows[args.warmup :]
         mean = {n: float(np.mean([r[f"time/{n}"] for r in timed]))
                 for n in ("sample", "verify", "advantages", "update", "step")}  # fmt: skip
         flops = _update_flops(run, state)
         tokens = cfg.batch_prompts * cfg.samples * (run.task.prompt_len + cfg.max_new_tokens)
-        peak, source = peak_tflops()
+        peak, source = peak
         achieved = flops / mean["update"] / 1e12
         return {
             "shape": shape, "B": cfg.batch_prompts, "N": cfg.samples,
@@ -130,13 +148,14 @@ def _update_flops(run: api.Run, state) -> float:
     return float(cost.get("flops", 0.0))
 
 
-def main(argv):
-    del argv
-    dtype, peak = jnp.dtype(FLAGS.path_dtype), peak_tflops()[0] if FLAGS.paths else 0.0
-    paths = [update_paths.compare(s, FLAGS.path_repeats, dtype, peak) for s in FLAGS.paths]
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dtype = jnp.dtype(args.path_dtype)
+    peak = peak_tflops(args.peak_tflops, 256 if args.smoke else 2048)
+    paths = [update_paths.compare(s, args.path_repeats, dtype, peak[0]) for s in args.paths]
     if paths:
         print(update_paths.table(paths) + "\n", flush=True)
-    results = [bench(shape) for shape in FLAGS.shapes]
+    results = [bench(shape, args, peak) for shape in args.shapes]
     if results:
         print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | "
               "update s | update tokens/s | MFU |")  # fmt: skip
@@ -150,11 +169,11 @@ def main(argv):
     if results:
         r = results[0]
         print(f"\npeak: {r['peak_tflops_per_s']:.2f} TFLOP/s ({r['peak_source']})")
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
+    if args.out:
+        with open(args.out, "w") as f:
             json.dump({"steps": results, "update_paths": paths}, f, indent=2)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    sys.exit(main())

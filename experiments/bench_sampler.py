@@ -2,7 +2,7 @@
 
   python -m experiments.bench_sampler [--shapes=8x8,64x1 --prompt_len=64 --new_tokens=64]
       [--model=smollm2|llama3_1b --dtype=float32|bfloat16 --out=F.json]
-      [--tunix_python=/tmp/tunixenv/bin/python]  (or $KJAX_TUNIX_PYTHON)
+      [--tunix_python=/tmp/tunixenv/bin/python]  (or $KJAX_TUNIX_PYTHON)  [--smoke]
 
 Random weights of the real shape (throughput does not depend on their values; no stop ids,
 so every sample runs all T tokens). Prints Markdown tables: new tokens/s of both at the same
@@ -15,10 +15,14 @@ A benchmark, not a test: it prints figures, and on a shared CPU they are noisy (
 quiet machine to compare). One run with Tunix (2026-12-01, quiet 2-core machine, smollm2,
 float32, S = T = 64; matmul peak 117 GFLOP/s): 8 x 8 kjax 164 tok/s, transformers 91, Tunix
 86; 64 x 1 kjax 120, transformers 95, Tunix 88. Compile: kjax 35-42 s, Tunix 55-61 s.
+--smoke (seconds; the default test tier runs it so the benchmark cannot rot): a 2-layer
+d=32 model, 2 x 2, S = 8, T = 4, transformers in this process, Tunix skipped unless given.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -33,26 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from absl import app, flags
 from flax import nnx
 
 from experiments.provenance import matmul_peak
 from kjax import sampling
 from kjax.models import Llama, Llama3RopeScaling, LlamaConfig, save_hf
-
-flags.DEFINE_list("shapes", ["8x8", "64x1"], "B x N pairs to time.")
-flags.DEFINE_integer("prompt_len", 64, "S: prompt tokens.")
-flags.DEFINE_integer("new_tokens", 64, "T: new tokens per sample.")
-flags.DEFINE_integer("repeats", 3, "Timed calls per figure (the best is reported).")
-flags.DEFINE_bool("transformers", True, "Also time transformers' PyTorch generate.")
-flags.DEFINE_enum("model", "smollm2", ["smollm2", "llama3_1b"], "Model shape (random weights).")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "kjax param and compute dtype.")
-flags.DEFINE_float("bandwidth_gbs", 0.0, "Memory bandwidth for the roofline (0: measured; "
-                   "known accelerators use their HBM figure).")  # fmt: skip
-flags.DEFINE_string("out", "", "Also write the kjax figures as JSON here.")
-flags.DEFINE_string("tunix_python", os.environ.get("KJAX_TUNIX_PYTHON", ""),
-                    "A python with google-tunix installed: also time Tunix's Sampler.")  # fmt: skip
-FLAGS = flags.FLAGS
 
 SMOLLM2_135M = LlamaConfig(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -65,8 +54,37 @@ LLAMA3_1B = LlamaConfig(  # Llama-3.2-1B's shape
     rope_scaling=Llama3RopeScaling(32.0, 1.0, 4.0, 8192), rms_norm_eps=1e-5,
     tie_embeddings=True, bos_id=128000, eos_ids=(128001,), max_position_embeddings=131072,
 )  # fmt: skip
+SMOKE = dataclasses.replace(
+    SMOLLM2_135M, vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64,
+)  # fmt: skip
 _HBM_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # datasheet HBM bandwidth
 _TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "bench" / "tunix_sampler.py"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="experiments.bench_sampler", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--shapes", default="8x8,64x1", help="B x N pairs to time, comma-separated")
+    p.add_argument("--prompt_len", type=int, default=64, help="S: prompt tokens")
+    p.add_argument("--new_tokens", type=int, default=64, help="T: new tokens per sample")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (best)")
+    p.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time transformers' PyTorch generate")  # fmt: skip
+    p.add_argument("--model", choices=["smollm2", "llama3_1b"], default="smollm2")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--bandwidth_gbs", type=float, default=0.0,
+                   help="memory bandwidth for the roofline (0: measured or known HBM)")  # fmt: skip
+    p.add_argument("--out", default="", help="also write the kjax figures as JSON here")
+    p.add_argument("--tunix_python", default=os.environ.get("KJAX_TUNIX_PYTHON", ""),
+                   help="a python with google-tunix: also time Tunix's Sampler")  # fmt: skip
+    p.add_argument("--smoke", action="store_true", help="tiny model and shapes: seconds")
+    args = p.parse_args(argv)
+    args.shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
+    if args.smoke:
+        args.shapes, args.prompt_len, args.new_tokens, args.repeats = [(2, 2)], 8, 4, 1
+    return args
 
 
 def best_time(fn, repeats: int) -> float:
@@ -79,10 +97,10 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
-def machine_roofline(repeats: int) -> tuple[float, float]:
+def machine_roofline(repeats: int, n: int = 2048, words: int = 64 * 2**20) -> tuple[float, float]:
     """(float32 matmul FLOP/s, memory read bandwidth bytes/s) measured with XLA here."""
-    flops = matmul_peak(2048, repeats + 2)
-    x = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MiB: far beyond the caches
+    flops = matmul_peak(n, repeats + 2)
+    x = jnp.ones((words,), jnp.float32)  # 256 MiB by default: far beyond the caches
     # Read bandwidth (a sum): decoding streams the weights and K/V, it writes little.
     total = jax.jit(jnp.sum)
     total(x).block_until_ready()
@@ -149,16 +167,18 @@ def tunix_timings(python: str, c: LlamaConfig, jobs: list[tuple[int, int, int, i
             return [row["seconds"] for row in json.load(f)["jobs"]]
 
 
-def main(_):
-    S, T, repeats = FLAGS.prompt_len, FLAGS.new_tokens, FLAGS.repeats
-    c = SMOLLM2_135M if FLAGS.model == "smollm2" else LLAMA3_1B
-    dtype = jnp.dtype(FLAGS.dtype)
-    shapes = [tuple(int(x) for x in shape.split("x")) for shape in FLAGS.shapes]
-    peak, bandwidth = machine_roofline(repeats)
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    S, T, repeats = args.prompt_len, args.new_tokens, args.repeats
+    c = SMOLLM2_135M if args.model == "smollm2" else LLAMA3_1B
+    c = SMOKE if args.smoke else c
+    dtype = jnp.dtype(args.dtype)
+    shapes = args.shapes
+    peak, bandwidth = machine_roofline(repeats, *((256, 2**20) if args.smoke else ()))
     kind = jax.devices()[0].device_kind
     known = [gbs for name, gbs in _HBM_GBS.items() if name.lower() in kind.lower()]
-    if FLAGS.bandwidth_gbs or known:
-        bandwidth = 1e9 * (FLAGS.bandwidth_gbs or known[0])
+    if args.bandwidth_gbs or known:
+        bandwidth = 1e9 * (args.bandwidth_gbs or known[0])
     model = Llama(c, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")),
                   param_dtype=dtype, dtype=dtype)  # fmt: skip
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params()))
@@ -184,22 +204,30 @@ def main(_):
 
     jobs = [(B, N, S, T) for B, N in shapes] + [(8, 1, S, 1), (8, 16, S, 1)]
     theirs = [float("nan")] * len(jobs)
-    if FLAGS.transformers and dtype == jnp.float32:
+    if args.transformers and dtype == jnp.float32:
         with tempfile.TemporaryDirectory() as weights_dir:
             save_hf(model, weights_dir)
-            ctx = multiprocessing.get_context("spawn")  # a fresh process without XLA threads
-            with ctx.Pool(1) as pool:
-                theirs = pool.apply(hf_timings, (weights_dir, jobs, 1))
+            if args.smoke:  # its code path, not its figures: no new process to start
+                theirs = hf_timings(weights_dir, jobs, 1)
+            else:
+                ctx = multiprocessing.get_context("spawn")  # a process without XLA threads
+                with ctx.Pool(1) as pool:
+                    theirs = pool.apply(hf_timings, (weights_dir, jobs, 1))
     tunix = [float("nan")] * len(shapes)
     # Tunix's Llama3 has no RoPE scaling (Llama-3.2-1B's shape needs it) and is timed in float32.
-    if FLAGS.tunix_python and c.rope_scaling is None and dtype == jnp.float32:
-        tunix = tunix_timings(FLAGS.tunix_python, c, jobs[: len(shapes)], repeats)
+    if args.tunix_python and c.rope_scaling is None and dtype == jnp.float32:
+        tunix = tunix_timings(args.tunix_python, c, jobs[: len(shapes)], repeats)
+    elif not args.tunix_python:
+        print("Tunix side skipped: no --tunix_python (or $KJAX_TUNIX_PYTHON) given.")
+    else:
+        print("Tunix side skipped: it times float32 models without RoPE scaling only.")
 
     print(
         f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s, memory "
         f"bandwidth {bandwidth / 1e9:.1f} GB/s (measured now; noisy on a shared CPU)\n"
     )
-    print(f"{FLAGS.model} shape, {FLAGS.dtype}, random weights, S = {S}, T = {T}, "
+    name = "smoke" if args.smoke else args.model
+    print(f"{name} shape, {args.dtype}, random weights, S = {S}, T = {T}, "
           "temperature 1, no stop ids")  # fmt: skip
     rows = []
     print("| B x N | kjax tok/s | transformers tok/s | speedup | Tunix tok/s | vs Tunix | "
@@ -225,13 +253,14 @@ def main(_):
     print("|---|---|---|")
     for N, hf_s in zip((1, 16), theirs[-2:], strict=True):
         print(f"| {N} | {prefill[N]:.3f} | {hf_s:.3f} |")
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            json.dump({"model": FLAGS.model, "dtype": FLAGS.dtype, "device": kind,
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": name, "dtype": args.dtype, "device": kind,
                        "bandwidth_gbs": bandwidth / 1e9, "peak_gflops_measured": peak / 1e9,
                        "rows": rows, "prefill_s": {str(n): t for n, t in prefill.items()}},
                       f, indent=2, default=float)  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    raise SystemExit(main())
