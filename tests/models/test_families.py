@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from jax.sharding import PartitionSpec as P
 
-from kjax import sampling
-from kjax.models import Family, LlamaConfig, decode_step, forward, prefill
+from kjax import sampling, sharding
+from kjax.models import Family, LlamaConfig, decode_step, forward, from_params, prefill
 from kjax.models.weights import hf_to_params
 from tests.models.hf_reference import hf_logits, kjax_from_hf, random_family_model
 
@@ -116,6 +117,26 @@ def test_grouped_greedy_sampler_equals_transformers_generate(name):
     )
     np.testing.assert_array_equal(tokens[:, 0], ref[:, S:].numpy())
     assert len(np.unique(tokens[:, 0])) > 2  # not a constant continuation
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_biases_and_qk_norms_shard_by_the_rules_and_match_one_device(name):
+    model = kjax_from_hf(_case(name, seed=4))
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    host = jax.device_get(model.params())
+    sharded = from_params(model.config, host, mesh=mesh)
+    specs = {k: v.sharding.spec for k, v in sharded.params()["layers"].items()}
+    if name == "qwen2":  # biases shard their heads over "tensor", as the projections do
+        assert specs["q_bias"] == P(None, "tensor", None) == specs["k_bias"]
+        assert specs["q"] == P(None, "fsdp", "tensor", None)
+    else:  # the [E] norm weights are replicated
+        assert specs["q_norm"] == P(None, None) == specs["k_norm"]
+    tokens = _tokens(np.random.default_rng(4), 8, 10)
+    batch = sharding.batch_sharding(mesh)
+    run = jax.jit(lambda m, t: m(t))
+    np.testing.assert_allclose(
+        run(sharded, jax.device_put(tokens, batch)), run(model, tokens), atol=1e-5, rtol=0
+    )
 
 
 def _nll(logits, tokens, mask):
