@@ -258,3 +258,52 @@ def test_a_family_feature_outside_its_family_is_refused():
     assert qwen2.qkv_bias and not qwen2.qk_norm and qwen2.window_layers == (0, 1)
     mistral = LlamaConfig(**base, family=Family.MISTRAL, sliding_window=4)
     assert mistral.window_layers == (True, True) and not mistral.qkv_bias
+
+
+# The published config.json of the presets' models (experiments/configs/qwen25_math_7b.py,
+# qwen3_8b_math.py) and of Mistral-7B-v0.1: every field they carry is read or refused.
+PUBLISHED = {
+    "Qwen2.5-Math-7B": {
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+        "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+        "max_position_embeddings": 4096, "max_window_layers": 28, "model_type": "qwen2",
+        "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000, "sliding_window": 4096,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.37.0", "use_cache": True, "use_mrope": False,
+        "use_sliding_window": False, "vocab_size": 152064,
+    },
+    "Qwen3-8B": {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False,
+        "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+        "initializer_range": 0.02, "intermediate_size": 12288,
+        "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+        "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    "Mistral-7B-v0.1": {
+        "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768,
+        "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000,
+    },
+}  # fmt: skip
+
+
+def test_published_config_files_parse_to_their_families():
+    qwen25 = LlamaConfig.from_hf(PUBLISHED["Qwen2.5-Math-7B"])
+    assert qwen25.family is Family.QWEN2 and qwen25.qkv_bias and qwen25.sliding_window is None
+    assert (qwen25.head_dim, qwen25.num_kv_heads, qwen25.rope_theta) == (128, 4, 10000.0)
+    qwen3 = LlamaConfig.from_hf(PUBLISHED["Qwen3-8B"])
+    assert qwen3.family is Family.QWEN3 and qwen3.qk_norm and qwen3.head_dim == 128
+    assert qwen3.eos_ids == (151645,) and qwen3.sliding_window is None
+    mistral = LlamaConfig.from_hf(PUBLISHED["Mistral-7B-v0.1"])
+    assert mistral.sliding_window == 4096 and all(mistral.window_layers)
