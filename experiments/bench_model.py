@@ -1,6 +1,7 @@
 """Llama throughput at the SmolLM2-135M shape: kjax (JAX) vs transformers (PyTorch), MFU.
 
-Command: python -m experiments.bench_model [--batch 16 --seq 128 --repeats 3]
+Command: python -m experiments.bench_model [--batch 16 --seq 128 --repeats 3] [--family qwen3]
+(--family: that family at the same shape, with kjax's Llama timed in the same run.)
 Hardware: whatever runs it (float32; the peak is measured here, not looked up).
 Runtime: ~4 minutes on 2 quiet CPU cores. Prints a Markdown table.
 Measured so (2026-12-01, quiet machine, one run each): at a7a7897 (the layer scan saves
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kjax.models import Llama, LlamaConfig, forward
+from kjax.models import Family, Llama, LlamaConfig, forward
 
 SMOLLM2_135M = LlamaConfig(
     vocab_size=49152,
@@ -107,7 +108,9 @@ def torch_fns(config, tokens) -> dict:
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config.to_hf())).float()
+    hf = config.to_hf()
+    hf_config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).float()
     ids = torch.tensor(np.asarray(tokens), dtype=torch.long)
 
     def fwd():
@@ -127,18 +130,25 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=30, help="fewer for a quick look")
+    parser.add_argument("--family", default="llama", choices=[f.value for f in Family])
     args = parser.parse_args(argv)
-    config = dataclasses.replace(SMOLLM2_135M, num_layers=args.layers)
+    llama = dataclasses.replace(SMOLLM2_135M, num_layers=args.layers)
+    config = dataclasses.replace(llama, family=Family(args.family))
     n = args.batch * args.seq
     tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, config.vocab_size)
     fns = matmul_fns() | kjax_fns(config, tokens) | torch_fns(config, tokens)
+    rows = [("kjax (JAX)", "kjax"), ("transformers (PyTorch)", "torch")]
+    if config != llama:  # the same shape as a Llama, timed round-robin in this run
+        fns |= {f"llama{k}": fn for k, fn in kjax_fns(llama, tokens).items()}
+        rows.append(("kjax Llama, same shape (JAX)", "llamakjax"))
     t = best_times(fns, args.repeats)
     rates = {k: 2 * int(k.rsplit("_", 1)[1]) ** 3 / v for k, v in t.items() if "matmul" in k}
     peak = max(rates.values())
     flops = model_flops_per_token(config, args.seq)
     probes = ", ".join(f"{k[7:]} {r / 1e9:.0f}" for k, r in rates.items())
     print(
-        f"SmolLM2-135M shape ({args.layers} layers), [B,S]=[{args.batch},{args.seq}], float32, "
+        f"SmolLM2-135M shape ({args.layers} layers, family {args.family}), "
+        f"[B,S]=[{args.batch},{args.seq}], float32, "
         f"{jax.device_count()} {jax.default_backend()} device(s); float32 matmul peak "
         f"{peak / 1e9:.0f} GFLOP/s (best of {probes})\n"
     )
@@ -146,7 +156,7 @@ def main(argv=None):
         "| implementation | fwd tok/s | fwd GFLOP/s (MFU) | fwd+bwd tok/s | fwd+bwd GFLOP/s (MFU) |"
     )
     print(header + "\n|---|---|---|---|---|")
-    for name, key in (("kjax (JAX)", "kjax"), ("transformers (PyTorch)", "torch")):
+    for name, key in rows:
         t_fwd, t_step = t[f"{key}_fwd"], t[f"{key}_step"]
         f_fwd, f_step = n * flops / t_fwd, 3 * n * flops / t_step
         print(
