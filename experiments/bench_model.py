@@ -11,6 +11,12 @@ kjax 339 / 88, PyTorch 293 / 115 (0.77x). The machine's speed drifts by ~30% bet
 so only ratios within one run compare. Where the rest goes (profile, 30 layers): the
 backward loop runs at ~300 ms per layer, near PyTorch's; the forward that stores residuals
 (its zero-filled stacked buffers, ~0.9 s, and the residual writes) is the remaining gap.
+--family qwen3 (2026-12-05, AMD EPYC, 2 cores shared with four other jobs, load ~11, so
+absolute rates and the peak probe are unreliable; kjax Qwen3 / kjax Llama in the same
+run): 30 layers, repeats 3: fwd 99/83 tok/s (1.19x), fwd+bwd 31/30 (1.03x), peak 24
+GFLOP/s; 12 layers, repeats 5: fwd 292/341 (0.86x), fwd+bwd 94/92 (1.02x), peak 46.
+fwd+bwd agrees within 3% in both; the forward ratio swung from 0.86x to 1.19x with the
+load, so it is not settled here. The q/k norms add elementwise work only.
 """
 
 from __future__ import annotations
