@@ -14,9 +14,10 @@ backward loop runs at ~300 ms per layer, near PyTorch's; the forward that stores
 --family qwen3 (2026-12-05, AMD EPYC, 2 cores shared with four other jobs, load ~11, so
 absolute rates and the peak probe are unreliable; kjax Qwen3 / kjax Llama in the same
 run): 30 layers, repeats 3: fwd 99/83 tok/s (1.19x), fwd+bwd 31/30 (1.03x), peak 24
-GFLOP/s; 12 layers, repeats 5: fwd 292/341 (0.86x), fwd+bwd 94/92 (1.02x), peak 46.
-fwd+bwd agrees within 3% in both; the forward ratio swung from 0.86x to 1.19x with the
-load, so it is not settled here. The q/k norms add elementwise work only.
+GFLOP/s; 12 layers, repeats 5: fwd 292/341 (0.86x), fwd+bwd 94/92 (1.02x), peak 46;
+6 layers, repeats 9: fwd 617/613 (1.01x), fwd+bwd 182/186 (0.98x), peak 63. fwd+bwd
+agrees within 3% in all three; the forward ratio swung from 0.86x to 1.19x with the load
+(1.01x with the most repeats). The q/k norms add elementwise work only.
 """
 
 from __future__ import annotations
