@@ -1,6 +1,7 @@
 """Llama throughput at the SmolLM2-135M shape: kjax (JAX) vs transformers (PyTorch), MFU.
 
-Command: python -m experiments.bench_model [--batch 16 --seq 128 --repeats 3]
+Command: python -m experiments.bench_model [--batch 16 --seq 128 --repeats 3] [--family qwen3]
+(--family: that family at the same shape, with kjax's Llama timed in the same run.)
 Hardware: whatever runs it (float32; the peak is measured here, not looked up).
 Runtime: ~4 minutes on 2 quiet CPU cores. Prints a Markdown table. --smoke (seconds; the
 default test tier runs it so the benchmark cannot rot): a 2-layer d=32 model at [2, 16].
@@ -11,6 +12,13 @@ kjax 339 / 88, PyTorch 293 / 115 (0.77x). The machine's speed drifts by ~30% bet
 so only ratios within one run compare. Where the rest goes (profile, 30 layers): the
 backward loop runs at ~300 ms per layer, near PyTorch's; the forward that stores residuals
 (its zero-filled stacked buffers, ~0.9 s, and the residual writes) is the remaining gap.
+--family qwen3 (2026-12-05, AMD EPYC, 2 cores shared with four other jobs, load ~11, so
+absolute rates and the peak probe are unreliable; kjax Qwen3 / kjax Llama in the same
+run): 30 layers, repeats 3: fwd 99/83 tok/s (1.19x), fwd+bwd 31/30 (1.03x), peak 24
+GFLOP/s; 12 layers, repeats 5: fwd 292/341 (0.86x), fwd+bwd 94/92 (1.02x), peak 46;
+6 layers, repeats 9: fwd 617/613 (1.01x), fwd+bwd 182/186 (0.98x), peak 63. fwd+bwd
+agrees within 3% in all three; the forward ratio swung from 0.86x to 1.19x with the load
+(1.01x with the most repeats). The q/k norms add elementwise work only.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kjax.models import Llama, LlamaConfig, forward
+from kjax.models import Family, Llama, LlamaConfig, forward
 
 SMOLLM2_135M = LlamaConfig(
     vocab_size=49152,
@@ -115,7 +123,9 @@ def torch_fns(config, tokens) -> dict:
     import torch
     import transformers
 
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config.to_hf())).float()
+    hf = config.to_hf()
+    hf_config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).float()
     ids = torch.tensor(np.asarray(tokens), dtype=torch.long)
 
     def fwd():
@@ -136,15 +146,21 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=30, help="fewer for a quick look")
     parser.add_argument("--smoke", action="store_true", help="tiny model and shapes: seconds")
+    parser.add_argument("--family", default="llama", choices=[f.value for f in Family])
     args = parser.parse_args(argv)
-    config = dataclasses.replace(SMOLLM2_135M, num_layers=args.layers)
+    llama = dataclasses.replace(SMOLLM2_135M, num_layers=args.layers)
     sizes = (2048, 4096)
     if args.smoke:
-        config, sizes = SMOKE, (256,)
+        llama, sizes = SMOKE, (256,)
         args.batch, args.seq, args.repeats, args.layers = 2, 16, 1, SMOKE.num_layers
+    config = dataclasses.replace(llama, family=Family(args.family))
     n = args.batch * args.seq
     tokens = jax.random.randint(jax.random.key(1), (args.batch, args.seq), 0, config.vocab_size)
     fns = matmul_fns(sizes) | kjax_fns(config, tokens) | torch_fns(config, tokens)
+    rows = [("kjax (JAX)", "kjax"), ("transformers (PyTorch)", "torch")]
+    if config != llama:  # the same shape as a Llama, timed round-robin in this run
+        fns |= {f"llama{k}": fn for k, fn in kjax_fns(llama, tokens).items()}
+        rows.append(("kjax Llama, same shape (JAX)", "llamakjax"))
     t = best_times(fns, args.repeats)
     rates = {k: 2 * int(k.rsplit("_", 1)[1]) ** 3 / v for k, v in t.items() if "matmul" in k}
     peak = max(rates.values())
@@ -152,7 +168,8 @@ def main(argv=None):
     probes = ", ".join(f"{k[7:]} {r / 1e9:.0f}" for k, r in rates.items())
     shape = "smoke model" if args.smoke else "SmolLM2-135M shape"
     print(
-        f"{shape} ({args.layers} layers), [B,S]=[{args.batch},{args.seq}], float32, "
+        f"{shape} ({args.layers} layers, family {args.family}), "
+        f"[B,S]=[{args.batch},{args.seq}], float32, "
         f"{jax.device_count()} {jax.default_backend()} device(s); float32 matmul peak "
         f"{peak / 1e9:.0f} GFLOP/s (best of {probes})\n"
     )
@@ -160,7 +177,7 @@ def main(argv=None):
         "| implementation | fwd tok/s | fwd GFLOP/s (MFU) | fwd+bwd tok/s | fwd+bwd GFLOP/s (MFU) |"
     )
     print(header + "\n|---|---|---|---|---|")
-    for name, key in (("kjax (JAX)", "kjax"), ("transformers (PyTorch)", "torch")):
+    for name, key in rows:
         t_fwd, t_step = t[f"{key}_fwd"], t[f"{key}_step"]
         f_fwd, f_step = n * flops / t_fwd, 3 * n * flops / t_step
         print(

@@ -181,13 +181,15 @@ def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32
     last = S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)  # last real token of each row
     at_last = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B,1,D]
 
-    def block(x, layer):
+    def block(x, inputs):
+        layer, window = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
-        x = llama.layer_out(layer, config, x, llama.attention(q, k, v, mask))
+        m = llama.windowed(mask, window, positions, positions)
+        x = llama.layer_out(layer, config, x, llama.attention(q, k, v, m))
         return x, ((k, v, at_last(x)[:, 0]) if with_hidden else (k, v))
 
     x0 = llama.embed(params, prompts, dtype)
-    x, ys = jax.lax.scan(block, x0, params["layers"])
+    x, ys = jax.lax.scan(block, x0, (params["layers"], llama.layer_windows(config)))
     x_last = at_last(x)  # unembed one position only
     logits = llama.unembed(params, config, x_last)[:, 0]
     cache = PromptCache(ys[0], ys[1], prompt_mask, positions[jnp.arange(B), last] + 1)
@@ -219,20 +221,27 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     prompt_mask = jnp.broadcast_to(prompt.mask[:, None, :], (B, N, prompt.mask.shape[1]))
     past_mask = jnp.broadcast_to(jnp.arange(window) < step - 1, (B * N, 1, window))
     self_mask = jnp.ones((B * N, 1, 1), bool)
+    # Positions for a sliding window: the prompt's keys, the N queries of each prompt
+    # (one position: they are at the same step), own slot i at next_pos + i.
+    prompt_pos = llama.default_positions(prompt.mask)
+    query_pos = jnp.broadcast_to((prompt.next_pos + step - 1)[:, None], (B, N))
+    own_pos = jnp.arange(window)[None]
 
     def block(x, inputs):
-        layer, pk, pv, ok, ov = inputs
+        layer, lw, pk, pv, ok, ov = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
-        out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, prompt_mask, with_lse=True)
+        pm = llama.windowed(prompt_mask, lw, query_pos, prompt_pos)
+        om = llama.windowed(past_mask, lw, jnp.full((1, 1), step - 1), own_pos)
+        out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, pm, with_lse=True)
         parts = [
             (out.reshape(B * N, 1, H, E), lse.reshape(B * N, 1, H)),
-            llama.attention(q, ok[:, :window], ov[:, :window], past_mask, with_lse=True),
+            llama.attention(q, ok[:, :window], ov[:, :window], om, with_lse=True),
             llama.attention(q, k, v, self_mask, with_lse=True),
         ]
         x = llama.layer_out(layer, config, x, llama.merge_attention(parts))
         return x, ((k, v, x[:, 0]) if with_hidden else (k, v))
 
-    xs = (params["layers"], prompt.k, prompt.v, own_k, own_v)
+    xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, own_k, own_v)
     x, ys = jax.lax.scan(block, x0, xs)
     logits = llama.unembed(params, config, x)[:, 0]
     if not with_hidden:

@@ -21,9 +21,9 @@ RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "vocab": "tensor",
     "embed": "fsdp",
     "mlp": "tensor",
-    "heads": "tensor",
-    "kv_heads": "tensor",
-    "head_dim": None,
+    "heads": "tensor",  # also q's bias [L,H,E] (Qwen2): sharded as q's output
+    "kv_heads": "tensor",  # also k's and v's biases [L,K,E]
+    "head_dim": None,  # also the per-head q/k norm weights [L,E] (Qwen3): replicated
     "layers": None,
     "norm": None,
 }

@@ -1,7 +1,9 @@
 """GGUF (llama.cpp) import: metadata -> LlamaConfig, tensors -> transformers names/layouts.
 
-Quantized tensors are dequantized to float32 with the `gguf` package's quants module;
-llama.cpp's row permutation of q/k (for its interleaved RoPE) is undone.
+Architectures: llama, qwen2 (q/k/v biases) and qwen3 (q/k norms), each with its own strict
+tensor-name map. Quantized tensors are dequantized to float32 with the `gguf` package's
+quants module; llama.cpp's row permutation of a llama's q/k (for its interleaved RoPE) is
+undone (its qwen2/qwen3 converters do not permute: they rotate halves, as transformers).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import re
 
 import numpy as np
 
-from kjax.models.config import LlamaConfig
+from kjax.models.config import Family, LlamaConfig
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 _GLOBAL_NAMES = {
@@ -30,18 +32,29 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_EXTRA_NAMES = {  # per family, the layer tensors beyond Llama's
+    Family.LLAMA: {},
+    Family.QWEN2: {},
+    Family.QWEN3: {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+}
+_BIASED = {Family.QWEN2: ("attn_q", "attn_k", "attn_v")}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+ARCHITECTURES = {family.value: family for family in _EXTRA_NAMES}
 
 
-def hf_name(gguf_name: str) -> str:
-    """transformers' name of a llama.cpp tensor; unknown names come back unchanged
-    (so the strict name map reports them)."""
+def hf_name(gguf_name: str, family: Family = Family.LLAMA) -> str:
+    """transformers' name of a llama.cpp tensor of `family`; unknown names come back
+    unchanged (so the strict name map reports them)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
-    return gguf_name
+    if not m:
+        return gguf_name
+    layer, kind, suffix = m.groups()
+    names = _LAYER_NAMES | _EXTRA_NAMES[family]
+    if kind not in names or (suffix == "bias" and kind not in _BIASED.get(family, ())):
+        return gguf_name
+    return f"model.layers.{layer}.{names[kind]}.{suffix}"
 
 
 def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -60,36 +73,40 @@ def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _config(meta: dict, tensor_names: set[str], path: str) -> LlamaConfig:
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: general.architecture={arch!r}, kjax loads only 'llama'")
-    if "rope_freqs.weight" in tensor_names or meta.get("llama.rope.scaling.type", "none") != "none":
+    if arch not in ARCHITECTURES:
         raise ValueError(
-            f"{path}: RoPE scaling in a GGUF (rope_freqs.weight / llama.rope.scaling.type) is "
+            f"{path}: general.architecture={arch!r}, kjax loads only {sorted(ARCHITECTURES)}"
+        )
+    key = lambda name: f"{arch}.{name}"  # noqa: E731
+    if "rope_freqs.weight" in tensor_names or meta.get(key("rope.scaling.type"), "none") != "none":
+        raise ValueError(
+            f"{path}: RoPE scaling in a GGUF (rope_freqs.weight / {arch}.rope.scaling.type) is "
             "not supported; load the model's HF directory instead"
         )
-    heads = int(meta["llama.attention.head_count"])
-    dim = int(meta["llama.embedding_length"])
-    vocab = meta.get("llama.vocab_size") or meta.get("_num_tokens")
+    heads = int(meta[key("attention.head_count")])
+    dim = int(meta[key("embedding_length")])
+    vocab = meta.get(key("vocab_size")) or meta.get("_num_tokens")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     return LlamaConfig(
         vocab_size=int(vocab),
         hidden_size=dim,
-        intermediate_size=int(meta["llama.feed_forward_length"]),
-        num_layers=int(meta["llama.block_count"]),
+        intermediate_size=int(meta[key("feed_forward_length")]),
+        num_layers=int(meta[key("block_count")]),
         num_heads=heads,
-        num_kv_heads=int(meta.get("llama.attention.head_count_kv", heads)),
-        head_dim=int(meta.get("llama.attention.key_length", dim // heads)),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        num_kv_heads=int(meta.get(key("attention.head_count_kv"), heads)),
+        head_dim=int(meta.get(key("attention.key_length"), dim // heads)),
+        rope_theta=float(meta.get(key("rope.freq_base"), 10000.0)),
+        rms_norm_eps=float(meta[key("attention.layer_norm_rms_epsilon")]),
         tie_embeddings="output.weight" not in tensor_names,
         bos_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_ids=() if eos is None else (int(eos),),
-        max_position_embeddings=int(meta.get("llama.context_length", 2048)),
+        max_position_embeddings=int(meta.get(key("context_length"), 2048)),
+        family=ARCHITECTURES[arch],
     )
 
 
 def read_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
-    """Reads a llama-architecture .gguf: (config, float32 tensors with transformers names)."""
+    """Reads a llama/qwen2/qwen3 .gguf: (config, float32 tensors with transformers names)."""
     import gguf
 
     if not os.path.isfile(path):
@@ -113,10 +130,11 @@ def read_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
             )
         shape = tuple(int(n) for n in reversed(t.shape))  # ggml lists dims innermost first
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-        name = hf_name(t.name)
-        if name.endswith("q_proj.weight"):
+        name = hf_name(t.name, config.family)
+        permuted = config.family is Family.LLAMA  # qwen2/qwen3 keep transformers' rows
+        if permuted and name.endswith("q_proj.weight"):
             w = unpermute_qk(w, config.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             w = unpermute_qk(w, config.num_kv_heads)
         tensors[name] = w
     return config, tensors

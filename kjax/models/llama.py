@@ -1,4 +1,5 @@
-"""Llama (Llama 2/3.x, SmolLM2) in Flax NNX over a pure functional core.
+"""kjax's decoder in Flax NNX over a pure functional core: Llama 2/3.x and SmolLM2, and
+as config fields (models/config.py) Qwen2/Qwen2.5, Qwen3 dense and Mistral.
 
 Axes (see kjax/__init__.py): B batch, S query length, T key length (or cache length),
 V vocab, D model dim, H heads, K kv heads; here also L layers, F MLP hidden, E head dim.
@@ -10,6 +11,8 @@ kjax.sharding); all math lives in pure functions of a params dict, the layout of
   embed [V,D]   final_norm [D]   lm_head [D,V] (untied only)
   layers: attn_norm [L,D]  q [L,D,H,E]  k, v [L,D,K,E]  o [L,H,E,D]
           mlp_norm [L,D]  gate, up [L,D,F]  down [L,F,D]
+          q_bias [L,H,E]  k_bias, v_bias [L,K,E]   (qkv_bias: Qwen2)
+          q_norm, k_norm [L,E]                     (qk_norm: Qwen3, RMSNorm of each head)
 
 Layers are stacked on a leading L axis and run with `lax.scan` (compile time does not
 grow with depth). The building blocks a sampler composes (issue 4: prefill a prompt
@@ -18,6 +21,8 @@ once, share its K/V across N samples, decode in `lax.while_loop`):
   embed(params, tokens) -> x [B,S,D]
   rope_tables(config, positions [B,S]) -> (cos, sin) [B,S,E]
   layer_qkv(layer, config, x, cos, sin) -> q [B,S,H,E], k/v [B,S,K,E] (RoPE applied)
+  layer_windows(config) -> [L] int32 window of each layer, or None (no sliding window);
+      windowed(mask, window, q_pos, k_pos) narrows a mask to it inside the layer scan
   attention(q, k, v, mask [B,S,T], with_lse=True) -> out [B,S,H,E] (+ lse [B,S,H])
   merge_attention([(out, lse), ...]) -> out: softmax over key segments computed apart
       (shared prompt K/V and per-sample K/V) equals softmax over their concatenation
@@ -49,7 +54,7 @@ _NEG = float(jnp.finfo(jnp.float32).min)  # finite, so fully masked rows stay Na
 
 
 class Llama(nnx.Module):
-    """Llama parameters plus `__call__`; see the module docstring for the layout.
+    """Decoder parameters (any family) plus `__call__`; module docstring: the layout.
 
     Args:
       config: model hyperparameters.
@@ -86,7 +91,17 @@ class Llama(nnx.Module):
         L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
         self.embed = param((c.vocab_size, D), ("vocab", "embed"))
+        zeros = lambda shape, axes: nnx.Param(jnp.zeros(shape, param_dtype), axes=axes)  # noqa: E731
+        extra = {}
+        if c.qkv_bias:  # zero-initialized, as transformers does
+            extra["q_bias"] = zeros((L, H, E), ("layers", "heads", "head_dim"))
+            extra["k_bias"] = zeros((L, K, E), ("layers", "kv_heads", "head_dim"))
+            extra["v_bias"] = zeros((L, K, E), ("layers", "kv_heads", "head_dim"))
+        if c.qk_norm:  # one RMSNorm weight [E] per layer, shared by the heads
+            extra["q_norm"] = param((L, E), ("layers", "head_dim"), ones=True)
+            extra["k_norm"] = param((L, E), ("layers", "head_dim"), ones=True)
         self.layers = _Layers(
+            **extra,
             attn_norm=param((L, D), ("layers", "norm"), ones=True),
             q=param((L, D, H, E), ("layers", "embed", "heads", "head_dim")),
             k=param((L, D, K, E), ("layers", "embed", "kv_heads", "head_dim")),
@@ -184,10 +199,46 @@ def _dense(x, w, n_in: int = 1):
 
 
 def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
-    """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k."""
+    """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k.
+
+    With qkv_bias the projections add their biases; with qk_norm each head of q and k is
+    RMS-normalized over E (its own weight [E]) before RoPE, as Qwen3 does.
+    """
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-    q, k, v = (_name(_dense(h, layer[name]), name) for name in ("q", "k", "v"))
+
+    def project(name):
+        y = _dense(h, layer[name])
+        if config.qkv_bias:
+            y = y + layer[f"{name}_bias"].astype(y.dtype)
+        return _name(y, name)
+
+    q, k, v = project("q"), project("k"), project("v")
+    if config.qk_norm:
+        q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+_NO_WINDOW = 2**30  # the window of a full-attention layer among sliding ones
+
+
+def layer_windows(config: LlamaConfig):
+    """Window [L] int32 of each layer (scanned beside the layer params), or None when no
+    layer slides (then `windowed` is the identity and adds nothing to the graph)."""
+    if config.sliding_window is None:
+        return None
+    return jnp.asarray(
+        [config.sliding_window if s else _NO_WINDOW for s in config.window_layers], jnp.int32
+    )
+
+
+def windowed(mask, window, q_pos, k_pos):
+    """mask [B|1,S,T] and, when window (int32 []) is not None, key position within the
+    window: q_pos [B|1,S] - k_pos [B|1,T] < window (transformers' sliding_window_overlay,
+    counted in positions: left padding is masked anyway). Leading dims broadcast."""
+    if window is None:
+        return mask
+    return mask & (q_pos[..., :, None] - k_pos[..., None, :] < window)
 
 
 def attention(q, k, v, mask, *, with_lse: bool = False):
@@ -316,11 +367,14 @@ def forward(
     mask = jnp.tril(jnp.ones((S, S), bool))[None] & attention_mask[:, None, :]
     cos, sin = rope_tables(config, positions)
 
-    def block(x, layer):
+    def block(x, inputs):
+        layer, window = inputs
         q, k, v = layer_qkv(layer, config, x, cos, sin)
-        return layer_out(layer, config, x, attention(q, k, v, mask)), None
+        m = windowed(mask, window, positions, positions)
+        return layer_out(layer, config, x, attention(q, k, v, m)), None
 
-    x = scan_layers(block, embed(params, tokens, dtype), params["layers"], remat=remat)
+    xs = (params["layers"], layer_windows(config))
+    x = scan_layers(block, embed(params, tokens, dtype), xs, remat=remat)
     return unembed(params, config, x)
 
 
@@ -384,12 +438,15 @@ def prefill(
     cos, sin = rope_tables(config, positions)
     pad = ((0, 0), (0, max_len - S), (0, 0), (0, 0))
 
-    def block(x, layer):
+    def block(x, inputs):
+        layer, window = inputs
         q, k, v = layer_qkv(layer, config, x, cos, sin)
-        x = layer_out(layer, config, x, attention(q, k, v, mask))
+        m = windowed(mask, window, positions, positions)
+        x = layer_out(layer, config, x, attention(q, k, v, m))
         return x, (jnp.pad(k, pad), jnp.pad(v, pad))
 
-    x, (ks, vs) = jax.lax.scan(block, embed(params, tokens, dtype), params["layers"])
+    xs = (params["layers"], layer_windows(config))
+    x, (ks, vs) = jax.lax.scan(block, embed(params, tokens, dtype), xs)
     valid = jnp.pad(attention_mask, ((0, 0), (0, max_len - S)))
     cache = KVCache(ks, vs, valid, jnp.int32(S), positions[:, -1] + 1)
     return unembed(params, config, x), cache
@@ -402,9 +459,10 @@ def decode_step(params: Params, config: LlamaConfig, token, cache: KVCache, *, d
     valid = jax.lax.dynamic_update_slice(
         cache.valid, jnp.ones((token.shape[0], 1), bool), (0, cache.end)
     )
+    k_pos = default_positions(valid)  # real slots are contiguous: they count positions
 
     def block(x, inputs):
-        layer, k_cache, v_cache = inputs
+        layer, window, k_cache, v_cache = inputs
         q, k, v = layer_qkv(layer, config, x, cos, sin)
         k_cache = jax.lax.dynamic_update_slice(
             k_cache, k.astype(k_cache.dtype), (0, cache.end, 0, 0)
@@ -412,9 +470,11 @@ def decode_step(params: Params, config: LlamaConfig, token, cache: KVCache, *, d
         v_cache = jax.lax.dynamic_update_slice(
             v_cache, v.astype(v_cache.dtype), (0, cache.end, 0, 0)
         )
-        out = attention(q, k_cache, v_cache, valid[:, None, :])
+        mask = windowed(valid[:, None, :], window, cache.next_pos[:, None], k_pos)
+        out = attention(q, k_cache, v_cache, mask)
         return layer_out(layer, config, x, out), (k_cache, v_cache)
 
-    x, (ks, vs) = jax.lax.scan(block, x, (params["layers"], cache.k, cache.v))
+    xs = (params["layers"], layer_windows(config), cache.k, cache.v)
+    x, (ks, vs) = jax.lax.scan(block, x, xs)
     new = KVCache(ks, vs, valid, cache.end + 1, cache.next_pos + 1)
     return unembed(params, config, x)[:, 0], new

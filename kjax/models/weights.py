@@ -31,9 +31,10 @@ _ST_DTYPES = {
 }
 
 
-def _layer_names(i: int) -> dict[str, str]:
+def _layer_names(i: int, c: LlamaConfig) -> dict[str, str]:
+    """kjax layer key -> transformers tensor name of layer i (the family's tensors only)."""
     p = f"model.layers.{i}."
-    return {
+    names = {
         "attn_norm": p + "input_layernorm.weight",
         "q": p + "self_attn.q_proj.weight",
         "k": p + "self_attn.k_proj.weight",
@@ -44,6 +45,11 @@ def _layer_names(i: int) -> dict[str, str]:
         "up": p + "mlp.up_proj.weight",
         "down": p + "mlp.down_proj.weight",
     }
+    if c.qkv_bias:
+        names |= {f"{x}_bias": p + f"self_attn.{x}_proj.bias" for x in "qkv"}
+    if c.qk_norm:
+        names |= {f"{x}_norm": p + f"self_attn.{x}_norm.weight" for x in "qk"}
+    return names
 
 
 def _hf_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -58,12 +64,17 @@ def _hf_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
         "gate": (F, D),
         "up": (F, D),
         "down": (D, F),
+        "q_bias": (H * E,),
+        "k_bias": (K * E,),
+        "v_bias": (K * E,),
+        "q_norm": (E,),
+        "k_norm": (E,),
     }
     shapes = {"model.embed_tokens.weight": (c.vocab_size, D), "model.norm.weight": (D,)}
     if not c.tie_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, D)
     for i in range(c.num_layers):
-        shapes.update({name: per_layer[key] for key, name in _layer_names(i).items()})
+        shapes.update({name: per_layer[key] for key, name in _layer_names(i, c).items()})
     return shapes
 
 
@@ -78,6 +89,10 @@ def _to_kjax(key: str, w: np.ndarray, c: LlamaConfig) -> np.ndarray:
         return w.reshape(D, H, E).transpose(1, 2, 0)
     if key in ("gate", "up", "down"):
         return w.T
+    if key == "q_bias":
+        return w.reshape(H, E)
+    if key in ("k_bias", "v_bias"):
+        return w.reshape(K, E)
     return w
 
 
@@ -88,6 +103,8 @@ def _to_hf(key: str, w: np.ndarray) -> np.ndarray:
         return w.reshape(-1, w.shape[-1]).T
     if key in ("gate", "up", "down"):
         return w.T
+    if key.endswith("_bias"):
+        return w.reshape(-1)
     return w
 
 
@@ -122,11 +139,11 @@ def hf_to_params(tensors: Mapping[str, np.ndarray], config: LlamaConfig, source:
     layers = {
         key: np.stack(
             [
-                _to_kjax(key, np.asarray(tensors[_layer_names(i)[key]]), config)
+                _to_kjax(key, np.asarray(tensors[_layer_names(i, config)[key]]), config)
                 for i in range(config.num_layers)
             ]
         )
-        for key in _layer_names(0)
+        for key in _layer_names(0, config)
     }
     params = {
         "embed": np.asarray(tensors["model.embed_tokens.weight"]),
@@ -147,10 +164,10 @@ def params_to_hf(params, config: LlamaConfig) -> dict[str, np.ndarray]:
     }
     if not config.tie_embeddings:
         out["lm_head.weight"] = f32(np.asarray(params["lm_head"]).T)
-    for key in _layer_names(0):
+    for key in _layer_names(0, config):
         stacked = np.asarray(params["layers"][key], dtype=np.float32)
         for i in range(config.num_layers):
-            out[_layer_names(i)[key]] = f32(_to_hf(key, stacked[i]))
+            out[_layer_names(i, config)[key]] = f32(_to_hf(key, stacked[i]))
     return out
 
 
@@ -232,7 +249,8 @@ def _read_hf_dir(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
 def load(
     path: str, *, dtype=jnp.float32, param_dtype=None, remat: bool = False, mesh=None
 ) -> Llama:
-    """Loads a HF model directory (safetensors) or a `.gguf` file as a `Llama`.
+    """Loads a HF model directory (safetensors) or a `.gguf` file as a `Llama` of the
+    family its config.json `model_type` (or GGUF architecture) names.
 
     Args:
       path: directory with config.json + model.safetensors (or a sharded

@@ -91,7 +91,7 @@ __all__ = [
 class ModelKind(enum.Enum):
     TINY = "tiny"  # a random-init Llama of the sizes below, character tokenizer
     PRETRAINED = "pretrained"  # kjax.models.pretrained(name), its tokenizer + chat template
-    HF_DIR = "hf_dir"  # a local Hugging Face directory (safetensors), e.g. Llama-3.1-8B
+    HF_DIR = "hf_dir"  # a local HF directory (safetensors): Llama, Qwen2/2.5, Qwen3, Mistral
 
 
 class DType(enum.Enum):

@@ -97,20 +97,26 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     c_prompt = jnp.broadcast_to(pmask[:, None, :], (B, N * T, S))  # N*T queries per prompt
     c_self = jnp.tril(jnp.ones((T, T), bool))[None]  # [1,T,T]
 
-    def block(x, layer):
+    q_c = positions[:, S:]  # [B, N*T] completion positions (for a sliding window)
+    t = jnp.arange(T)[None]
+
+    def block(x, inputs):
+        layer, w = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
         qp, kp, vp = (a[:, :S] for a in (q, k, v))
         qc, kc, vc = (a[:, S:].reshape(B * N, T, -1, E) for a in (q, k, v))
-        out_p = llama.attention(qp, kp, vp, p_self)
-        o1, l1 = llama.attention(qc.reshape(B, N * T, H, E), kp, vp, c_prompt, with_lse=True)
-        o2, l2 = llama.attention(qc, kc, vc, c_self, with_lse=True)
+        out_p = llama.attention(qp, kp, vp, llama.windowed(p_self, w, p_pos, p_pos))
+        c_p = llama.windowed(c_prompt, w, q_c, p_pos)
+        o1, l1 = llama.attention(qc.reshape(B, N * T, H, E), kp, vp, c_p, with_lse=True)
+        o2, l2 = llama.attention(qc, kc, vc, llama.windowed(c_self, w, t, t), with_lse=True)
         out_c = llama.merge_attention(
             [(o1.reshape(B * N, T, H, E), l1.reshape(B * N, T, H)), (o2, l2)]
         )
         out = jnp.concatenate([out_p, out_c.reshape(B, N * T, H, E)], axis=1)
         return llama.layer_out(layer, config, x, out), None
 
-    x = llama.scan_layers(block, llama.embed(params, ids, dtype), params["layers"], remat=remat)
+    xs = (params["layers"], llama.layer_windows(config))
+    x = llama.scan_layers(block, llama.embed(params, ids, dtype), xs, remat=remat)
     D = x.shape[-1]
     xp, xc = x[:, :S], x[:, S:].reshape(B, N, T, D)
     last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]

@@ -67,7 +67,7 @@ def test_bench_verifiers_smoke_scores_math_and_says_why_code_is_skipped(tmp_path
 def test_bench_model_smoke_reports_both_implementations_against_the_peak(capsys):
     bench_model.main(["--smoke"])
     text = capsys.readouterr().out
-    assert text.startswith("smoke model (2 layers), [B,S]=[2,16], float32")
+    assert text.startswith("smoke model (2 layers, family llama), [B,S]=[2,16], float32")
     assert "float32 matmul peak" in text
     rows = _table(text, "| implementation |")
     assert [r[0] for r in rows] == ["kjax (JAX)", "transformers (PyTorch)"]

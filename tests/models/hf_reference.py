@@ -37,6 +37,39 @@ def random_hf_model(seed: int = 0, std: float = 0.2, **overrides) -> transformer
     return model
 
 
+FAMILY_CLASSES = {  # model_type -> (config class, causal LM class)
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+}
+
+
+def random_family_model(family: str, seed: int = 0, std: float = 0.2, **overrides):
+    """`random_hf_model` for any family transformers builds from its own config class:
+    biases and the q/k norms are drawn too (biases N(0, std^2), norms ~1)."""
+    kwargs = dict(
+        vocab_size=11,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    kwargs.update(overrides)
+    config_cls, model_cls = FAMILY_CLASSES[family]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            p.copy_(base + std * torch.randn_like(p))
+    return model
+
+
 def kjax_from_hf(model: transformers.LlamaForCausalLM, **kwargs):
     """The same weights as a kjax Llama, through the strict name map."""
     config = LlamaConfig.from_hf(json.loads(model.config.to_json_string()))  # = config.json

@@ -38,6 +38,8 @@ def test_there_are_the_required_presets():
         "smollm2_arith.py:passk",
         "llama31_8b_math.py:passk",
         "llama31_8b_math.py:codecontests",
+        "qwen25_math_7b.py:drgrpo",
+        "qwen3_8b_math.py:passk",
         "tiny_countdown.py:maxk",
         "tiny_countdown.py:passk",
     } <= names
@@ -47,7 +49,7 @@ def test_there_are_the_required_presets():
 def test_every_preset_parses_and_validates(spec):
     cfg, workdir = train.parse([f"--config={spec}", "--workdir=/tmp/x"])
     assert isinstance(cfg, TrainConfig) and workdir == "/tmp/x"
-    if "llama31" in spec:  # its mesh wants 8 x tensor devices and local paths
+    if any(m in spec for m in ("llama31", "qwen")):  # meshes of 8 x tensor devices, local paths
         cfg, _ = train.parse(
             [
                 f"--config={spec}",

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from kjax import sampling
-from kjax.models import Llama, LlamaConfig
+from kjax.models import Family, Llama, LlamaConfig
 from kjax.rl import forward
 
 BASE = LlamaConfig(
@@ -49,6 +49,8 @@ def _batch(config, B, S, N, T, seed):
 CASES = [  # (config changes, B, S, N, T)
     (dict(), 3, 7, 3, 5),  # GQA, left padding, one prompt with a single real token
     (dict(num_heads=6, num_kv_heads=1, head_dim=4, tie_embeddings=True), 2, 5, 1, 1),  # MQA,
+    # Qwen3's q/k norms and a window of 3 positions on layer 1 (over prompt and completion)
+    (dict(family=Family.QWEN3, sliding_window=3, sliding_layers=(False, True)), 3, 7, 2, 5),
 ]  # tied head, N = 1, T = 1
 
 
