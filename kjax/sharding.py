@@ -112,3 +112,24 @@ def shard(module: nnx.Module, mesh: Mesh, rules=RULES) -> nnx.Module:
     """Moves an existing module's state onto `mesh` by the rules (a new module)."""
     graphdef, state = nnx.split(module)
     return nnx.merge(graphdef, jax.device_put(state, shardings_for(state, mesh, rules)))
+
+
+def constrain_batch(x, axis: int = 0, rules=RULES):
+    """x with its B axis (`axis`; [B*N] rows count as B) laid out over the batch rule's
+    mesh axes, when traced under a mesh (`jax.sharding.use_abstract_mesh`, as kjax.rl
+    traces the update and the sampler); x as is without one, or when those axes do not
+    divide that dimension.
+
+    Without it GSPMD lets an activation take a weight's layout: the embedding lookup of
+    an fsdp-sharded table came out sharded over D with B replicated, so every chip ran
+    (and stored the residuals of) all of its fsdp group's rows.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    target = rules["batch"]
+    names = tuple(n for n in ((target,) if isinstance(target, str) else target) if n in mesh.shape)
+    size = int(np.prod([mesh.shape[n] for n in names]))
+    if size <= 1 or x.shape[axis] % size:
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), names))

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kjax import sharding
 from kjax.models import llama
 from kjax.models.config import LlamaConfig
 
@@ -108,9 +109,10 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
             [(o1.reshape(B * N, T, H, E), l1.reshape(B * N, T, H)), (o2, l2)]
         )
         out = jnp.concatenate([out_p, out_c.reshape(B, N * T, H, E)], axis=1)
-        return llama.layer_out(layer, config, x, out), None
+        return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
 
-    x = llama.scan_layers(block, llama.embed(params, ids, dtype), params["layers"], remat=remat)
+    x0 = sharding.constrain_batch(llama.embed(params, ids, dtype))
+    x = llama.scan_layers(block, x0, params["layers"], remat=remat)
     D = x.shape[-1]
     xp, xc = x[:, :S], x[:, S:].reshape(B, N, T, D)
     last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]
