@@ -49,7 +49,17 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
             f"make_mesh: data*fsdp*tensor = {sizes} needs {int(np.prod(sizes))} devices, "
             f"there are {len(devices)}; use -1 for one axis to fill the rest"
         )
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    try:
+        return jax.make_mesh(
+            tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+        )
+    except NotImplementedError:
+        # A TPU torus whose axes do not multiply into these sizes (8 x 8 on v5p's 4x4x4):
+        # split a physical axis across two mesh axes rather than refuse the mesh.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def logical_to_spec(axes, shape, mesh: Mesh, rules=RULES) -> PartitionSpec:
