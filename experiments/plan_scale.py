@@ -176,7 +176,7 @@ def report(p) -> str:
         f"    {p.tokens_per_s_per_chip:,.0f} tokens/s/chip (B*N*(S+T) per step), update MFU "
         f"{p.update_mfu:.1%}",
         f"  compile: update {u.seconds:.0f} s, sampler "
-        f"{sum(x.seconds for x in (p.prefill, d1, d2, p.sampler) if x):.0f} s",
+        f"{sum({id(x): x.seconds for x in (p.prefill, d1, d2, p.sampler) if x}.values()):.0f} s",
     ]
     return "\n".join(lines)
 

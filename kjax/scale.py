@@ -92,9 +92,12 @@ def topology_devices(topology: str):
     why = libtpu_missing()
     if why:
         raise RuntimeError(f"cannot compile for {topology}: {why}")
-    # Outside a TPU VM libtpu asks the metadata server for these; say them instead.
+    # Outside a TPU VM libtpu asks the metadata server for these; say them instead. With
+    # no TPU to guard, several processes may compile at once (libtpu's lockfile is for
+    # processes sharing a real chip).
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
 
 
@@ -521,9 +524,12 @@ def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatch
     phases = tuple(sampling._phases(shape.T))
     prefill = compile_prefill(cfg, c, mesh, params, shape)
     first = compile_decode(cfg, c, mesh, params, shape, phases[0][0])
-    last = compile_decode(cfg, c, mesh, params, shape, phases[-1][0])
+    last = first
+    if phases[-1][0] != phases[0][0]:
+        last = compile_decode(cfg, c, mesh, params, shape, phases[-1][0])
     sampler = compile_sampler(cfg, c, mesh, state, shape) if full_sampler else None
-    seconds = prefill.seconds + first.seconds + last.seconds + (sampler.seconds if sampler else 0)
+    parts = {id(x): x for x in (prefill, first, last, sampler) if x is not None}
+    seconds = sum(x.seconds for x in parts.values())
     log(f"{label}: sampler compiled in {seconds:.0f} s")
     dtype = cfg.model.compute_dtype
     return Plan(
