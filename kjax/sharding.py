@@ -124,6 +124,26 @@ def shard(module: nnx.Module, mesh: Mesh, rules=RULES) -> nnx.Module:
     return nnx.merge(graphdef, jax.device_put(state, shardings_for(state, mesh, rules)))
 
 
+def _batch_names(mesh, rules) -> tuple[str, ...]:
+    target = rules["batch"]
+    return tuple(n for n in ((target,) if isinstance(target, str) else target) if n in mesh.shape)
+
+
+def traced_mesh_axes() -> tuple[tuple[str, ...], int]:
+    """(axis names, device count) of the mesh traced under; ((), 1) without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return (), 1
+    return tuple(mesh.axis_names), int(np.prod(list(mesh.shape.values())))
+
+
+def constrain(x, *spec):
+    """x laid out as PartitionSpec(*spec) when traced under a mesh; x as is without one."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
 def constrain_batch(x, axis: int = 0, rules=RULES):
     """x with its B axis (`axis`; [B*N] rows count as B) laid out over the batch rule's
     mesh axes, when traced under a mesh (`jax.sharding.use_abstract_mesh`, as kjax.rl
@@ -137,8 +157,7 @@ def constrain_batch(x, axis: int = 0, rules=RULES):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    target = rules["batch"]
-    names = tuple(n for n in ((target,) if isinstance(target, str) else target) if n in mesh.shape)
+    names = _batch_names(mesh, rules)
     size = int(np.prod([mesh.shape[n] for n in names]))
     if size <= 1 or x.shape[axis] % size:
         return x
