@@ -181,8 +181,10 @@ def report(p) -> str:
     return "\n".join(lines)
 
 
-def _summary(p) -> dict:
+def _summary(p, config: str, model: str) -> dict:
     return {
+        "config": config,
+        "model": model,
         "topology": p.topology,
         "chips": p.chips,
         "mesh": p.mesh,
@@ -208,6 +210,25 @@ def _summary(p) -> dict:
         "chip": dataclasses.asdict(p.chip),
         "label": "compiled, not run",
     }
+
+
+TABLE_HEADER = (
+    "| model | preset | slice | mesh (data, fsdp, tensor) x microbatches | peak GiB/chip "
+    "| fits | update FLOPs / analytic | RL step s | tokens/s/chip | update MFU |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table_row(s: dict) -> str:
+    """One docs/scale.md row of a --out summary (every figure compiled, not run)."""
+    preset = s["config"].rpartition(":")[2]
+    mesh = "x".join(str(x) for x in s["mesh"])
+    return (
+        f"| {s['model']} | {preset} | {s['topology']} | {mesh} x {s['microbatches']} "
+        f"| {s['peak_bytes'] / GiB:.1f} of {s['hbm_bytes'] / GiB:.0f} | "
+        f"{'yes' if s['fits'] else 'no'} | {s['update_flops_ratio']:.2f} | "
+        f"{s['step_seconds']:.1f} | {s['tokens_per_s_per_chip']:,.0f} | {s['update_mfu']:.1%} |"
+    )
 
 
 def parse(argv: list[str]):
@@ -257,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"experiments.plan_scale: error: {e}", file=sys.stderr)
         return 2
-    why = scale.libtpu_missing()
+    why = [scale.libtpu_missing(t) for t in topologies if scale.libtpu_missing(t)]
     if why:
-        print(f"experiments.plan_scale: error: {why}", file=sys.stderr)
+        print(f"experiments.plan_scale: error: {why[0]}", file=sys.stderr)
         return 2
     log(f"{c.num_layers} layers, d={c.hidden_size}, vocab {c.vocab_size}; "
         f"{scale.matmul_params(c) / 1e9:.2f}B matmul params")  # fmt: skip
@@ -297,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{p.step_seconds:.2f} s, peak {p.peak_bytes / GiB:.1f} GiB")  # fmt: skip
         plans += found
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps([_summary(p) for p in plans], indent=1))
+        summaries = [_summary(p, args.config, args.model or cfg.model.path) for p in plans]
+        pathlib.Path(args.out).write_text(json.dumps(summaries, indent=1))
     log("done")
     return code
 
