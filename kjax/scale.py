@@ -424,7 +424,11 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
         _abstract(key.shape, key.dtype, replicated),
         _abstract((), jnp.float32, replicated),
     )
-    return compile_one(f"decode@{window}", jax.jit(body, donate_argnums=(2, 3)), *args)
+    # The cache leaves laid out as it came (donated, updated in place), as in the loop.
+    rows = NamedSharding(mesh, P(sharding.RULES["batch"]))
+    out = (own.sharding, own.sharding, (rows, rows, rows))
+    fn = jax.jit(body, donate_argnums=(2, 3), out_shardings=out)
+    return compile_one(f"decode@{window}", fn, *args)
 
 
 def compile_sampler(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape):

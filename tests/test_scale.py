@@ -125,3 +125,15 @@ def test_llama31_8b_update_fits_a_v5p_8_slice():
     assert update.peak_bytes <= scale.CHIPS["v5p"].hbm_bytes
     # bfloat16 params, 8-way sharded: 2 bytes x 8.03e9 / 8 (norms replicated: tiny).
     assert scale.per_chip_bytes(params) == pytest.approx(2 * scale.param_count(c) / 8, rel=1e-3)
+
+
+@pytest.mark.skipif(
+    scale.libtpu_missing("h100:8") is not None,
+    reason="jax-cuda12-plugin is not installed (the GPU compiler; optional)",
+)
+def test_update_compiles_for_eight_h100s_without_a_gpu():
+    plan = scale.plan(CFG, CONFIG, "h100:8", (1, 4, 2), microbatches=1)
+    # By hand on fsdp 4 x tensor 2: embed [16,16] 256, final_norm 64, norms 2 x 128,
+    # q and o 2 x 1024, k and v 2 x 512, gate, up and down 3 x 2048.
+    assert plan.params_bytes == 4 * (256 + 64 + 256 + 2 * 1024 + 2 * 512 + 3 * 2048)
+    assert plan.fits
