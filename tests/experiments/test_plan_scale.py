@@ -2,6 +2,7 @@
 smallest slice, bad input."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -59,3 +60,16 @@ def test_bad_input_exits_2_naming_it(args, message, capsys):
     code = plan_scale.main([f"--config={PRESET}", "--model=llama-3.1-8b", *args])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_docs_scale_table_is_the_committed_plans():
+    """Every row of docs/scale.md's table comes from a committed --out summary."""
+    root = pathlib.Path(__file__).parents[2]
+    doc = (root / "docs" / "scale.md").read_text()
+    plans = sorted((root / "experiments" / "results" / "plan_scale").glob("*.json"))
+    assert plans
+    assert plan_scale.TABLE_HEADER in doc
+    for path in plans:
+        for summary in json.loads(path.read_text()):
+            assert summary["label"] == "compiled, not run"
+            assert plan_scale.table_row(summary) in doc, path.name
