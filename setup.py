@@ -52,5 +52,9 @@ setup(
             # transformers needs it to load a GGUF (the SmolLM2 parity reference).
             "accelerate>=1.0",
         ],
+        # The TPU compiler, to compile kjax for a TPU topology on any machine
+        # (experiments.plan_scale, tests/test_scale.py): the libtpu that jax[tpu] pins
+        # for constraints.txt's jax 0.10.2. Not in the default install (684 MB).
+        "tpu": ["libtpu==0.0.42.*"],
     },
 )

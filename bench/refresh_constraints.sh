@@ -4,12 +4,12 @@
 #   bash bench/refresh_constraints.sh              # fresh venv in a temp dir, newest releases
 #   bash bench/refresh_constraints.sh --from .venv # freeze an existing venv instead (no install)
 #
-# The fresh venv installs `-e '.[dev]'` WITHOUT the old lock, so every package the test
-# install pulls in is re-resolved against setup.py's ranges; its `pip freeze` (kjax itself
-# left out) becomes the new lock. Run it with the Python CI uses: the pins are resolved for
-# that interpreter. Then rerun README command (2) and commit constraints.txt with the table
-# results it produced. Local version labels (torch's "+cpu") are dropped so that the pin
-# matches the same release from PyPI or a local wheel.
+# The fresh venv installs `-e '.[dev,tpu]'` (what .ci/run installs) WITHOUT the old lock,
+# so every package the test install pulls in is re-resolved against setup.py's ranges; its
+# `pip freeze` (kjax itself left out) becomes the new lock. Run it with the Python CI uses:
+# the pins are resolved for that interpreter. Then rerun README command (2) and commit
+# constraints.txt with the table results it produced. Local version labels (torch's
+# "+cpu") are dropped so that the pin matches the same release from PyPI or a local wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,7 @@ else
   trap 'rm -rf "$tmp"' EXIT
   venv=$tmp/venv
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --no-compile -e '.[dev]'
+  "$venv/bin/pip" install -q --no-compile -e '.[dev,tpu]'
 fi
 "$venv/bin/pip" check
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kjax import sharding
 from kjax.models import llama
 from kjax.models.config import LlamaConfig
 
@@ -185,10 +186,10 @@ def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32
         layer, window = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
         m = llama.windowed(mask, window, positions, positions)
-        x = llama.layer_out(layer, config, x, llama.attention(q, k, v, m))
+        x = sharding.constrain_batch(llama.layer_out(layer, config, x, llama.attention(q, k, v, m)))
         return x, ((k, v, at_last(x)[:, 0]) if with_hidden else (k, v))
 
-    x0 = llama.embed(params, prompts, dtype)
+    x0 = sharding.constrain_batch(llama.embed(params, prompts, dtype))
     x, ys = jax.lax.scan(block, x0, (params["layers"], llama.layer_windows(config)))
     x_last = at_last(x)  # unembed one position only
     logits = llama.unembed(params, config, x_last)[:, 0]
@@ -215,7 +216,7 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     return the fed token's hidden states [L+1,B*N,D] float32 (`hidden_trajectory`)."""
     B, N = tokens.shape
     H, E = config.num_heads, config.head_dim
-    x0 = llama.embed(params, tokens.reshape(B * N, 1), dtype)
+    x0 = sharding.constrain_batch(llama.embed(params, tokens.reshape(B * N, 1), dtype))
     pos = jnp.repeat(prompt.next_pos, N) + step - 1
     cos, sin = llama.rope_tables(config, pos[:, None])
     prompt_mask = jnp.broadcast_to(prompt.mask[:, None, :], (B, N, prompt.mask.shape[1]))
@@ -238,7 +239,9 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
             llama.attention(q, ok[:, :window], ov[:, :window], om, with_lse=True),
             llama.attention(q, k, v, self_mask, with_lse=True),
         ]
-        x = llama.layer_out(layer, config, x, llama.merge_attention(parts))
+        x = sharding.constrain_batch(
+            llama.layer_out(layer, config, x, llama.merge_attention(parts))
+        )
         return x, ((k, v, x[:, 0]) if with_hidden else (k, v))
 
     xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, own_k, own_v)
@@ -317,6 +320,7 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
     out, done = _record(out, 0, jnp.zeros((B, N), bool),
                         *(a.reshape(B, N) for a in first), stop_ids)  # fmt: skip
     own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
+    own = sharding.constrain_batch(own, axis=1)
     state = _Loop(jnp.int32(1), done, own, own, out)
 
     for window, end in _phases(T):
@@ -331,6 +335,7 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
             at = (0, 0, s.step - 1, 0, 0)
             own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
             own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
+            own_k, own_v = (sharding.constrain_batch(a, axis=1) for a in (own_k, own_v))
             drawn = choose(logits, jax.random.fold_in(key, s.step))
             out, done = _record(s.out, s.step, s.done, *(a.reshape(B, N) for a in drawn),
                                 stop_ids)  # fmt: skip

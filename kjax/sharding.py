@@ -49,7 +49,17 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
             f"make_mesh: data*fsdp*tensor = {sizes} needs {int(np.prod(sizes))} devices, "
             f"there are {len(devices)}; use -1 for one axis to fill the rest"
         )
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    try:
+        return jax.make_mesh(
+            tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices
+        )
+    except NotImplementedError:
+        # A TPU torus whose axes do not multiply into these sizes (8 x 8 on v5p's 4x4x4):
+        # split a physical axis across two mesh axes rather than refuse the mesh.
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def logical_to_spec(axes, shape, mesh: Mesh, rules=RULES) -> PartitionSpec:
@@ -112,3 +122,43 @@ def shard(module: nnx.Module, mesh: Mesh, rules=RULES) -> nnx.Module:
     """Moves an existing module's state onto `mesh` by the rules (a new module)."""
     graphdef, state = nnx.split(module)
     return nnx.merge(graphdef, jax.device_put(state, shardings_for(state, mesh, rules)))
+
+
+def _batch_names(mesh, rules) -> tuple[str, ...]:
+    target = rules["batch"]
+    return tuple(n for n in ((target,) if isinstance(target, str) else target) if n in mesh.shape)
+
+
+def traced_mesh_axes() -> tuple[tuple[str, ...], int]:
+    """(axis names, device count) of the mesh traced under; ((), 1) without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return (), 1
+    return tuple(mesh.axis_names), int(np.prod(list(mesh.shape.values())))
+
+
+def constrain(x, *spec):
+    """x laid out as PartitionSpec(*spec) when traced under a mesh; x as is without one."""
+    if jax.sharding.get_abstract_mesh().empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def constrain_batch(x, axis: int = 0, rules=RULES):
+    """x with its B axis (`axis`; [B*N] rows count as B) laid out over the batch rule's
+    mesh axes, when traced under a mesh (`jax.sharding.use_abstract_mesh`, as kjax.rl
+    traces the update and the sampler); x as is without one, or when those axes do not
+    divide that dimension.
+
+    Without it GSPMD lets an activation take a weight's layout: the embedding lookup of
+    an fsdp-sharded table came out sharded over D with B replicated, so every chip ran
+    (and stored the residuals of) all of its fsdp group's rows.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    names = _batch_names(mesh, rules)
+    size = int(np.prod([mesh.shape[n] for n in names]))
+    if size <= 1 or x.shape[axis] % size:
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), names))

@@ -120,14 +120,35 @@ def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, mesh, state, t
         jnp.dtype(dtype),
         cfg.temperature,
     )
-    sampler = functools.partial(
-        sample_params,
-        config=model_config,
-        dtype=dtype,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_ids=task.stop_ids,
-    )
+    stop_ids, T = task.stop_ids, cfg.max_new_tokens
+
+    def sampler(params, prompts, prompt_mask, key, temperature, *, n: int):
+        # Traced under the mesh, the sampler pins its rows (activations, own K/V) to the
+        # batch axes (sharding.constrain_batch); a no-op on one device.
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return sample_params(params, prompts, prompt_mask, key, temperature, n=n,
+                                 config=model_config, dtype=dtype, max_new_tokens=T,
+                                 stop_ids=stop_ids)  # fmt: skip
+
     return step_fn, sampler
+
+
+def tiny_model_config(cfg: TrainConfig) -> LlamaConfig:
+    """The LlamaConfig of a TINY model: cfg.model's sizes over its task's characters."""
+    m, chars = cfg.model, tiny_tokenizer(cfg)
+    return LlamaConfig(
+        vocab_size=chars.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.hidden_size // m.num_heads,
+        tie_embeddings=True,
+        bos_id=chars.bos_id,
+        eos_ids=(chars.eos_id,),
+        max_position_embeddings=256,
+    )
 
 
 def build_model(cfg: TrainConfig, mesh: Mesh):
@@ -135,19 +156,7 @@ def build_model(cfg: TrainConfig, mesh: Mesh):
     m, dtype = cfg.model, cfg.model.compute_dtype
     if m.kind is ModelKind.TINY:
         chars = tiny_tokenizer(cfg)
-        config = LlamaConfig(
-            vocab_size=chars.vocab_size,
-            hidden_size=m.hidden_size,
-            intermediate_size=m.intermediate_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            num_kv_heads=m.num_kv_heads,
-            head_dim=m.hidden_size // m.num_heads,
-            tie_embeddings=True,
-            bos_id=chars.bos_id,
-            eos_ids=(chars.eos_id,),
-            max_position_embeddings=256,
-        )
+        config = tiny_model_config(cfg)
         init = cfg.seed if cfg.sft.seed is None else cfg.sft.seed  # part of the warm start
         make = lambda: Llama(config, rngs=nnx.Rngs(params=jax.random.key(init)))  # noqa: E731
         return config, sharding.create_sharded(make, mesh).params(), chars

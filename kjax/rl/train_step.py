@@ -34,6 +34,7 @@ __all__ = [
     "init_train_state",
     "loss_fn",
     "make_train_step",
+    "optimizer_shardings",
     "shardings_of",
 ]
 
@@ -299,6 +300,12 @@ def make_train_step(
         return jax.lax.stop_gradient(_merge(out, batch_sh))
 
     def step(state: TrainState, batch: RLBatch, ref_params, k):
+        # Under the mesh, the forward pins its activations' B to the batch axes
+        # (sharding.constrain_batch); a no-op on one device.
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return sharded_step(state, batch, ref_params, k)
+
+    def sharded_step(state: TrainState, batch: RLBatch, ref_params, k):
         B = batch.prompts.shape[0]
         if B % chunks:
             raise ValueError(
@@ -350,12 +357,36 @@ def make_train_step(
     )
 
 
+def optimizer_shardings(optimizer: optax.GradientTransformation, params, mesh: Mesh):
+    """NamedShardings of optimizer.init(params): a leaf shaped like a parameter, at a path
+    ending in that parameter's path (Adam's mu['layers']['q'] and params['layers']['q']),
+    is laid out like it; anything else (step counts) is replicated.
+
+    `jax.jit(optimizer.init)` alone replicated every moment on every device (zeros have
+    no input to take a layout from): 4 bytes a parameter per chip in bfloat16.
+    """
+    replicated = NamedSharding(mesh, P())
+    by_path = {
+        jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+
+    def one(path, leaf):
+        key = jax.tree_util.keystr(path)
+        matches = [p for p, x in by_path.items() if key.endswith(p) and x.shape == leaf.shape]
+        return by_path[max(matches, key=len)].sharding if matches else replicated
+
+    abstract = jax.eval_shape(optimizer.init, params)
+    return jax.tree_util.tree_map_with_path(one, abstract)
+
+
 def init_train_state(
     params, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh
 ) -> TrainState:
     """A TrainState on `mesh`: params as given (already sharded), optimizer state sharded
-    like the params it mirrors, step 0, key data of `key`; scalars replicated."""
-    opt_state = jax.jit(optimizer.init)(params)
+    like the params it mirrors (optimizer_shardings), step 0, key data of `key`; scalars
+    replicated."""
+    out = optimizer_shardings(optimizer, params, mesh)
+    opt_state = jax.jit(optimizer.init, out_shardings=out)(params)
     replicated = NamedSharding(mesh, P())
 
     def place(x):

@@ -1,0 +1,328 @@
+"""Will this RL run fit a TPU pod, on which mesh, and how fast? Asked of the TPU compiler.
+
+  pip install -e '.[tpu]'    # libtpu: compiles for TPU topologies on a CPU-only machine
+  python -m experiments.plan_scale --config=experiments/configs/llama31_8b_math.py:passk \\
+      --model=llama-3.1-8b --topology=v5p:4x4x4 [--mesh=1,8,8] [--search=3] [--out=plan.json]
+
+Builds kjax's own RL update (the trainer's jitted step: loss, optimizer, PPO epochs and
+microbatches as configured) and grouped sampler (prefill, decode steps with the KV cache)
+from abstract arrays on a mesh of the topology's devices and compiles them (kjax.scale);
+prints per chip the bytes of parameters, optimizer state, gradients, temporaries, KV
+cache and the peak against HBM, the FLOPs of an update and a decode step against the
+analytic count, the collectives, and a roofline projection of the RL step.
+--model: llama-3.1-8b, llama-3.1-70b (their config.json, below), or an HF directory /
+config.json (no weights read); default: config.model.path's, or the TINY model.
+--mesh: data,fsdp,tensor (default: the preset's config.mesh); --search=N compiles up to N
+more meshes (data x fsdp x tensor, microbatches) and ranks all by projected step time.
+Every figure is compiled, not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+import time
+
+from experiments.train import load_config
+from kjax.rl.config import ModelKind, TrainConfig, override
+
+# config.json of the two Llama 3.1 sizes (huggingface.co/meta-llama/Llama-3.1-8B and
+# Llama-3.1-70B, the fields kjax reads); the Instruct models have the same shapes.
+_LLAMA31 = {
+    "vocab_size": 128256,
+    "rope_parameters": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+}
+KNOWN_MODELS = {
+    "llama-3.1-8b": _LLAMA31
+    | {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+       "num_attention_heads": 32},
+    "llama-3.1-70b": _LLAMA31
+    | {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+       "num_attention_heads": 64},
+}  # fmt: skip
+
+# Shapes a slice of each chip comes in (cloud.google.com/tpu/docs/<chip>), smallest first.
+_SLICES = {
+    "v4": ["2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16"],
+    "v5p": ["2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16"],
+    "v5e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+    "v6e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+}
+GiB = 1 << 30
+
+
+def model_config(cfg: TrainConfig, model: str):
+    """The policy's LlamaConfig from --model, config.model.path, or the TINY sizes."""
+    from kjax.models.config import LlamaConfig
+
+    if model in KNOWN_MODELS:
+        return LlamaConfig.from_hf(KNOWN_MODELS[model])
+    path = model or (cfg.model.path if cfg.model.kind is ModelKind.HF_DIR else "")
+    if path:
+        file = pathlib.Path(path)
+        file = file / "config.json" if file.is_dir() else file
+        if not file.is_file():
+            raise ValueError(
+                f"--model: no config.json at {path!r}; give an HF directory, its config.json, "
+                f"or one of {sorted(KNOWN_MODELS)}"
+            )
+        return LlamaConfig.from_hf(json.loads(file.read_text()))
+    if cfg.model.kind is not ModelKind.TINY:
+        raise ValueError(f"--model is needed for a {cfg.model.kind.name} model")
+    from kjax.rl.components import tiny_model_config
+
+    return tiny_model_config(cfg)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(cfg: TrainConfig, c, chips: int) -> list[tuple[tuple[int, int, int], int]]:
+    """(data, fsdp, tensor), microbatches pairs that split B, tensor up to the kv heads,
+    ordered by an analytic guess of what compiles to the fastest fitting step (fewest
+    microbatches, then tensor parallelism just enough): the compiler ranks them after."""
+    B, mini, out = cfg.batch_prompts, cfg.rl.minibatches, []
+    for tensor in _divisors(chips):
+        if tensor > c.num_kv_heads:
+            continue
+        for fsdp in _divisors(chips // tensor):
+            data = chips // tensor // fsdp
+            rows = B // mini
+            if B % mini or rows % (data * fsdp):
+                continue
+            for micro in _divisors(rows // (data * fsdp)):
+                out.append(((data, fsdp, tensor), micro))
+    return sorted(out, key=lambda m: (m[1] * m[0][2], -m[0][1], m[0][2]))
+
+
+def smallest_topology(chip: str, state_bytes: int) -> str | None:
+    """The smallest slice whose HBM holds the update's state (params, Adam moments,
+    gradients) at least once over: a lower bound, activations not counted."""
+    from kjax.scale import CHIPS
+
+    for dims in _SLICES[chip]:
+        if math.prod(int(d) for d in dims.split("x")) * CHIPS[chip].hbm_bytes > state_bytes:
+            return f"{chip}:{dims}"
+    return None
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:8.2f}"
+
+
+def report(p) -> str:
+    """The per-chip table of one Plan (kjax.scale.Plan)."""
+    d, f, t = p.mesh
+    u, (d1, d2) = p.update, p.decode
+    chip = p.chip
+    lines = [
+        f"{p.topology}: {p.chips} x {chip.name}, mesh data={d} fsdp={f} tensor={t}, "
+        f"microbatches={p.microbatches}; B={p.shape.B} N={p.shape.N} S={p.shape.S} "
+        f"T={p.shape.T}  [compiled, not run]",
+        "  per chip                         GiB",
+        f"  parameters                  {_gib(p.params_bytes)}",
+        f"  optimizer state             {_gib(p.opt_bytes)}",
+        f"  gradients (accumulator)     {_gib(p.grads_bytes)}   inside the update's temporaries",
+        f"  update temporaries          {_gib(u.temp_bytes)}",
+        f"  update peak                 {_gib(u.peak_bytes)}   of {chip.hbm_bytes / GiB:.0f}",
+        f"  KV cache (prompt + own)     {_gib(p.kv_bytes)}",
+        f"  sampler peak                {_gib(p.sampler_peak)}"
+        + ("" if p.sampler else "   (prefill / decode step; --no-full-sampler)"),
+        f"  peak                        {_gib(p.peak_bytes)}   "
+        + ("fits" if p.fits else "DOES NOT FIT"),
+    ]
+    for part in (u, d1, d2, p.sampler):
+        if part is not None and part.overflow:
+            lines.append(f"  compiler ({part.name}): {part.overflow}")
+    per_chip = lambda x: x / p.chips  # noqa: E731
+    lines += [
+        "  FLOPs per chip          compiled    analytic   ratio",
+        f"  update              {u.flops:12.3e} {per_chip(p.update_model_flops):11.3e}"
+        f" {p.update_flops_ratio:7.3f}",
+    ]
+    for part, model in zip((d1, d2), p.decode_model_flops, strict=True):
+        lines.append(
+            f"  {part.name:<18}{part.flops:12.3e} {per_chip(model):11.3e}"
+            f" {part.flops / per_chip(model):7.3f}"
+        )
+    lines.append("  collectives per update step (count, GiB per chip; loops counted per trip)")
+    lines += [
+        f"    {kind:<20} {n:8d} {b / GiB:10.2f}" for kind, (n, b) in u.collectives.items() if n
+    ]
+    lines += [
+        f"  projection (roofline: max(FLOPs / {chip.bf16_flops / 1e12:.0f} TFLOP/s, bytes / "
+        f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM); {chip.source}; collectives not counted)",
+        f"    update {p.update_seconds:.2f} s, sampler {p.sampler_seconds:.2f} s (prefill + "
+        f"{p.shape.T} tokens), RL step {p.step_seconds:.2f} s",
+        f"    {p.tokens_per_s_per_chip:,.0f} tokens/s/chip (B*N*(S+T) per step), update MFU "
+        f"{p.update_mfu:.1%}",
+        f"  compile: update {u.seconds:.0f} s, sampler "
+        f"{sum({id(x): x.seconds for x in (p.prefill, d1, d2, p.sampler) if x}.values()):.0f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _summary(p, config: str, model: str) -> dict:
+    return {
+        "config": config,
+        "model": model,
+        "topology": p.topology,
+        "chips": p.chips,
+        "mesh": p.mesh,
+        "microbatches": p.microbatches,
+        "shape": dataclasses.asdict(p.shape),
+        "params_bytes": p.params_bytes,
+        "opt_bytes": p.opt_bytes,
+        "kv_bytes": p.kv_bytes,
+        "update": dataclasses.asdict(p.update),
+        "prefill": dataclasses.asdict(p.prefill),
+        "decode": [dataclasses.asdict(x) for x in p.decode],
+        "sampler": dataclasses.asdict(p.sampler) if p.sampler else None,
+        "peak_bytes": p.peak_bytes,
+        "hbm_bytes": p.chip.hbm_bytes,
+        "fits": p.fits,
+        "update_model_flops": p.update_model_flops,
+        "update_flops_ratio": p.update_flops_ratio,
+        "update_seconds": p.update_seconds,
+        "sampler_seconds": p.sampler_seconds,
+        "step_seconds": p.step_seconds,
+        "tokens_per_s_per_chip": p.tokens_per_s_per_chip,
+        "update_mfu": p.update_mfu,
+        "chip": dataclasses.asdict(p.chip),
+        "label": "compiled, not run",
+    }
+
+
+TABLE_HEADER = (
+    "| model | preset | slice | mesh (data, fsdp, tensor) x microbatches | peak GiB/chip "
+    "| fits | update FLOPs / analytic | RL step s | tokens/s/chip | update MFU |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table_row(s: dict) -> str:
+    """One docs/scale.md row of a --out summary (every figure compiled, not run)."""
+    preset = s["config"].rpartition(":")[2]
+    mesh = "x".join(str(x) for x in s["mesh"])
+    return (
+        f"| {s['model']} | {preset} | {s['topology']} | {mesh} x {s['microbatches']} "
+        f"| {s['peak_bytes'] / GiB:.1f} of {s['hbm_bytes'] / GiB:.0f} | "
+        f"{'yes' if s['fits'] else 'no'} | {s['update_flops_ratio']:.2f} | "
+        f"{s['step_seconds']:.1f} | {s['tokens_per_s_per_chip']:,.0f} | {s['update_mfu']:.1%} |"
+    )
+
+
+def parse(argv: list[str]):
+    parser = argparse.ArgumentParser(prog="experiments.plan_scale", description=__doc__)
+    parser.add_argument("--config", required=True, help="FILE.py:PRESET")
+    parser.add_argument("--model", default="", help=f"{sorted(KNOWN_MODELS)} or an HF dir")
+    parser.add_argument("--topology", required=True, help="e.g. v5p:4x4x4 (comma list)")
+    parser.add_argument("--mesh", default="", help="data,fsdp,tensor (default: config.mesh)")
+    parser.add_argument("--microbatches", type=int, default=0, help="default: config's")
+    parser.add_argument("--search", type=int, default=0, help="more meshes to compile")
+    parser.add_argument(
+        "--no-full-sampler",
+        action="store_true",
+        help="skip compiling the whole sampler (its peak from its parts)",
+    )
+    parser.add_argument("--out", default="", help="JSON of every plan")
+    args, rest = parser.parse_known_args(argv)
+    items = {}
+    for item in rest:
+        if not item.startswith("--config.") or "=" not in item:
+            raise ValueError(f"unknown argument {item!r}; overrides look like --config.x.y=value.")
+        path, _, value = item[len("--config.") :].partition("=")
+        items[path] = value
+    return args, override(load_config(args.config), items)
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[plan_scale {time.perf_counter() - start:6.0f} s] {msg}", flush=True)
+
+    try:
+        args, cfg = parse(sys.argv[1:] if argv is None else argv)
+        import jax.numpy as jnp
+
+        from kjax import scale
+
+        c = model_config(cfg, args.model)
+        topologies = [t.strip() for t in args.topology.split(",") if t.strip()]
+        for topology in topologies:
+            scale.chip_of(topology), scale.topology_chips(topology)
+        mesh = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else None
+        if mesh is not None and len(mesh) != 3:
+            raise ValueError(f"--mesh must be data,fsdp,tensor; got {args.mesh!r}")
+        scale.Shape.of(cfg)
+    except ValueError as e:
+        print(f"experiments.plan_scale: error: {e}", file=sys.stderr)
+        return 2
+    why = [scale.libtpu_missing(t) for t in topologies if scale.libtpu_missing(t)]
+    if why:
+        print(f"experiments.plan_scale: error: {why[0]}", file=sys.stderr)
+        return 2
+    log(f"{c.num_layers} layers, d={c.hidden_size}, vocab {c.vocab_size}; "
+        f"{scale.matmul_params(c) / 1e9:.2f}B matmul params")  # fmt: skip
+    plans, code = [], 0
+    for topology in topologies:
+        chips = scale.topology_chips(topology)
+        micro = args.microbatches or cfg.rl.microbatches
+        first = (cfg.mesh.resolve(chips) if mesh is None else mesh), micro
+        tried = [first] + [m for m in candidates(cfg, c, chips) if m != first][: args.search]
+        found = []
+        for sizes, m in tried:
+            try:
+                p = scale.plan(cfg, c, topology, sizes, m, full_sampler=not args.no_full_sampler,
+                               log=log)  # fmt: skip
+            except ValueError as e:
+                log(f"{topology} mesh {sizes} micro {m}: skipped ({e})")
+                continue
+            found.append(p)
+            print(report(p), flush=True)
+        fitting = sorted((p for p in found if p.fits), key=lambda p: p.step_seconds)
+        if found and not fitting:
+            code = 1
+            # params + gradients + Adam's two moments, in the params' dtype
+            state = 4 * scale.param_count(c) * jnp.dtype(scale.param_dtype(cfg)).itemsize
+            bigger = smallest_topology(topology.partition(":")[0], state)
+            print(
+                f"{topology}: nothing fits. Smallest slice whose HBM holds params + "
+                f"gradients + optimizer state ({state / GiB:.0f} GiB): "
+                f"{bigger or 'none listed'} (a lower bound)."
+            )
+        elif len(fitting) > 1:
+            print(f"{topology}: meshes that fit, fastest projected RL step first:")
+            for p in fitting:
+                print(f"  data,fsdp,tensor={p.mesh} microbatches={p.microbatches}: "
+                      f"{p.step_seconds:.2f} s, peak {p.peak_bytes / GiB:.1f} GiB")  # fmt: skip
+        plans += found
+    if args.out:
+        summaries = [_summary(p, args.config, args.model or cfg.model.path) for p in plans]
+        pathlib.Path(args.out).write_text(json.dumps(summaries, indent=1))
+    log("done")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""FLOPs, bytes and collectives of a compiled HLO module's text, loops counted per trip.
+
+XLA's `compiled.cost_analysis()` counts a while loop's body once, so a `lax.scan` over 32
+layers inside 8 microbatches reports 1/256 of the work. `module_stats(hlo_text)` walks the
+call graph instead: a scan body counts (trip count) times, the trip count read from its
+condition (`i < constant(n)`); a loop whose condition has no constant bound (a
+`lax.while_loop` that stops early) counts once and is listed in `unbounded_loops`.
+
+- flops: 2 x multiply-adds of every dot and convolution (in fusions too).
+- bytes: of each top-level instruction (not inside a fusion), result plus operands, where
+  a fusion operand only sliced inside the fusion counts as its slices and an in-place
+  dynamic-update-slice as its update: HBM traffic, as XLA's cost analysis counts it.
+- collectives: {kind: (count, bytes of their results)}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+
+import numpy as np
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "bf16": 16,
+         "f16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64,
+         "f8e4m3fn": 8, "f8e5m2": 8}  # fmt: skip
+_ARRAY = re.compile(r"\b(" + "|".join(_BITS) + r")\[([\d,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\) -> .* \{$")
+_FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while", "call",
+         "conditional", "after-all", "partition-id", "replica-id", "opt-barrier", "copy-done",
+         "all-reduce-done", "all-gather-done", "collective-permute-done", "send-done",
+         "recv-done"}  # fmt: skip
+_SLICES = {"dynamic-slice", "slice", "gather"}
+
+
+@dataclasses.dataclass
+class _Instr:
+    name: str
+    type: str
+    op: str
+    operands: list[str]
+    args: str  # the text between the opcode's parentheses (a constant's literal, ...)
+    attrs: str
+
+
+def _arrays(type_str: str) -> list[tuple[str, list[int]]]:
+    return [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(type_str)]
+
+
+def _bytes(type_str: str) -> int:
+    return sum(math.prod(dims) * _BITS[t] // 8 for t, dims in _arrays(type_str))
+
+
+def _close(text: str, start: int) -> int:
+    """Index just past the parenthesis matching text[start] == '('."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _parse_instr(line: str) -> _Instr | None:
+    m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = ", line)
+    if not m:
+        return None
+    rest = line[m.end() :]
+    if rest.startswith("("):
+        end = _close(rest, 0)
+        type_str, rest = rest[:end], rest[end:].lstrip()
+    else:
+        type_str, _, rest = rest.partition(" ")
+    op_m = re.match(r"([\w\-]+)\(", rest)
+    if not op_m:
+        return None
+    end = _close(rest, op_m.end() - 1)
+    args = rest[op_m.end() : end - 1]
+    operands = re.findall(r"%([\w.\-]+)", args)
+    return _Instr(m.group(1), type_str, op_m.group(1), operands, args, rest[end:])
+
+
+def _parse(hlo_text: str):
+    """{computation: [instr]}, its ROOT names, the entry's name."""
+    comps, roots, entry, current = {}, {}, None, None
+    for line in hlo_text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            current = header.group(1)
+            comps[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+            continue
+        if current is None or line.startswith("}"):
+            current = None if line.startswith("}") else current
+            continue
+        instr = _parse_instr(line)
+        if instr:
+            comps[current].append(instr)
+            if line.lstrip().startswith("ROOT"):
+                roots[current] = instr.name
+    return comps, roots, entry
+
+
+def _int_constant(instr: _Instr | None) -> int | None:
+    if instr is not None and instr.op == "constant" and re.fullmatch(r"-?\d+", instr.args.strip()):
+        return int(instr.args)
+    return None
+
+
+def _tuple_index(name: str, by_name) -> int | None:
+    """The tuple index of a get-tuple-element (through copies), else None."""
+    instr = by_name.get(name)
+    while instr is not None and instr.op in ("copy", "convert", "bitcast") and instr.operands:
+        instr = by_name.get(instr.operands[0])
+    if instr is None or instr.op != "get-tuple-element":
+        return None
+    m = re.search(r"index=(\d+)", instr.attrs)
+    return int(m.group(1)) if m else None
+
+
+def _trip_count(instr: _Instr, comps, by_name) -> int | None:
+    """Iterations of a while loop `for (i = start; i < limit; i += step)`: limit from its
+    condition, step from its body's update of i, start from its initial tuple (0 when not
+    a constant there). None when the condition is not such a bound (an early stop)."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', instr.attrs)
+    if known:
+        return int(known.group(1))
+    cond = re.search(r"condition=%([\w.\-]+)", instr.attrs)
+    body = re.search(r"body=%([\w.\-]+)", instr.attrs)
+    cond_instrs = comps.get(cond.group(1), []) if cond else []
+    compares = [i for i in cond_instrs if i.op == "compare" and "direction=LT" in i.attrs]
+    if len(compares) != 1 or any(i.op in ("and", "or", "not") for i in cond_instrs):
+        return None
+    lhs, rhs = (compares[0].operands + [None, None])[:2]
+    limit, index = _int_constant(by_name.get(rhs)), _tuple_index(lhs, by_name)
+    if limit is None or index is None:
+        return None
+    step, start = 1, 0
+    root = (
+        next((i for i in comps.get(body.group(1), []) if i.op == "tuple"), None) if body else None
+    )
+    roots = [i for i in comps.get(body.group(1), []) if i.op == "tuple"] if body else []
+    root = roots[-1] if roots else root
+    if root is not None and index < len(root.operands):
+        update = by_name.get(root.operands[index])
+        if update is not None and update.op == "add":
+            for operand in update.operands:
+                value = _int_constant(by_name.get(operand))
+                step = value if value else step
+    init = by_name.get(instr.operands[0]) if instr.operands else None
+    if init is not None and init.op == "tuple" and index < len(init.operands):
+        value = _int_constant(by_name.get(init.operands[index]))
+        start = value if value is not None else 0
+    return max(0, -(-(limit - start) // max(step, 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleStats:
+    flops: float
+    bytes: float
+    collectives: dict[str, tuple[int, int]]
+    unbounded_loops: int
+
+
+def _dot_flops(instr: _Instr, shapes) -> float:
+    out = _arrays(instr.type)
+    if not out or not instr.operands:
+        return 0.0
+    size = math.prod(out[0][1])
+    if instr.op == "dot":
+        lhs = _arrays(shapes.get(instr.operands[0], ""))
+        dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", instr.attrs)
+        if not lhs or not dims:
+            return 0.0
+        contract = math.prod(lhs[0][1][int(d)] for d in dims.group(1).split(",") if d)
+        return 2.0 * size * contract
+    return _conv_flops(instr, shapes, size)
+
+
+def _window(attrs: str, key: str, n: int, default: int) -> list[list[int]]:
+    m = re.search(rf"\b{key}=([\d_x]+)", attrs.split("dim_labels")[0])
+    if not m:
+        return [[default, default]] * n if key == "pad" else [[default]] * n
+    return [[int(v) for v in part.split("_")] for part in m.group(1).split("x")]
+
+
+def _conv_flops(instr: _Instr, shapes, out_size: int) -> float:
+    """2 x (output elements) x (input features per group) x (valid kernel taps), as XLA
+    counts a convolution: the SPMD partitioner writes a windowed (collective) matmul as a
+    convolution whose padded or dilated window leaves some taps on padding."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
+    if not labels or len(instr.operands) < 2:
+        return 0.0
+    lhs_l, rhs_l, out_l = labels.groups()
+    lhs = _arrays(shapes.get(instr.operands[0], ""))
+    rhs = _arrays(shapes.get(instr.operands[1], ""))
+    out = _arrays(instr.type)
+    if not lhs or not rhs or not out:
+        return 0.0
+    lhs, rhs, out = lhs[0][1], rhs[0][1], out[0][1]
+    spatial = sorted(c for c in lhs_l if c.isdigit())
+    n = len(spatial)
+    sizes = _window(instr.attrs, "size", n, 1)
+    pads = _window(instr.attrs, "pad", n, 0)
+    strides = _window(instr.attrs, "stride", n, 1)
+    lhs_dil = _window(instr.attrs, "lhs_dilate", n, 1)
+    rhs_dil = _window(instr.attrs, "rhs_dilate", n, 1)
+    taps = 1
+    for d, c in enumerate(spatial):
+        size_in, size_out = lhs[lhs_l.index(c)], out[out_l.index(c)]
+        kernel = rhs[rhs_l.index(c)] if len(sizes[d]) != 1 else sizes[d][0]
+        o = np.arange(size_out)[:, None]
+        k = np.arange(kernel)[None, :]
+        pos = o * strides[d][0] + k * rhs_dil[d][0] - pads[d][0]
+        dil = lhs_dil[d][0]
+        valid = (pos >= 0) & (pos <= (size_in - 1) * dil) & (pos % dil == 0)
+        taps *= int(valid.sum())
+    batch_features = out[out_l.index("b")] * out[out_l.index("f")]
+    return 2.0 * batch_features * rhs[rhs_l.index("i")] * taps
+
+
+def _operand_bytes(comp: str, index: int, comps, shapes, full: int) -> int:
+    """Bytes a fusion reads of its operand `index`: its slices when only sliced inside."""
+    params = [i for i in comps.get(comp, []) if i.op == "parameter"]
+    param = next((p for p in params if p.args.strip() == str(index)), None)
+    if param is None:
+        return full
+    users = [i for i in comps[comp] if param.name in i.operands]
+    total = 0
+    for user in users:
+        if user.op in _SLICES and user.operands[0] == param.name:
+            total += _bytes(user.type)
+        elif user.op == "dynamic-update-slice" and user.operands[0] == param.name:
+            total += _bytes(shapes.get(user.operands[1], ""))
+        elif user.op == "fusion":
+            called = re.search(r"calls=%([\w.\-]+)", user.attrs)
+            inner = user.operands.index(param.name)
+            total += _operand_bytes(called.group(1), inner, comps, shapes, full) if called else full
+        else:
+            return full
+    return min(total, full)
+
+
+def module_stats(hlo_text: str, per_trip: bool = True) -> ModuleStats:
+    """Trip-count-weighted FLOPs, bytes and collectives of one compiled HLO module
+    (per_trip=False: every loop body once, as XLA's cost_analysis counts them)."""
+    comps, roots, entry = _parse(hlo_text)
+    by_name = {i.name: i for body in comps.values() for i in body}
+    shapes = {name: i.type for name, i in by_name.items()}
+    mult: dict[str, float] = defaultdict(float)
+    fused: set[str] = set()
+    mult[entry] = 1.0
+    unbounded = 0
+    # HLO text lists callees before callers: walk it backwards so callers are done first.
+    for comp in reversed(list(comps)):
+        m = mult.get(comp, 0.0)
+        if not m:
+            continue
+        for instr in comps[comp]:
+            if instr.op == "while":
+                trips = _trip_count(instr, comps, by_name)
+                unbounded += trips is None
+                body = re.search(r"body=%([\w.\-]+)", instr.attrs)
+                if body:
+                    mult[body.group(1)] += m * ((trips or 1) if per_trip else 1)
+            elif instr.op == "conditional":
+                for callee in re.findall(r"%([\w.\-]+)", instr.attrs.split("metadata=")[0]):
+                    if callee in comps:
+                        mult[callee] += m
+            elif instr.op in ("fusion", "call", "async-start", "custom-call"):
+                for callee in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", instr.attrs):
+                    mult[callee] += m
+                    if instr.op == "fusion":
+                        fused.add(callee)
+    flops, traffic = 0.0, 0.0
+    coll = {kind: [0.0, 0.0] for kind in COLLECTIVES}
+    for comp, body in comps.items():
+        m = mult.get(comp, 0.0)
+        if not m:
+            continue
+        for instr in body:
+            if instr.op in ("dot", "convolution"):
+                flops += m * _dot_flops(instr, shapes)
+            kind = instr.op.removesuffix("-start")
+            if kind in coll:
+                arrays = _arrays(instr.type)
+                size = _bytes(instr.type)
+                if instr.op.endswith("-start") and kind in ("all-gather", "collective-permute"):
+                    size = max(math.prod(d) * _BITS[t] // 8 for t, d in arrays)
+                coll[kind][0] += m
+                coll[kind][1] += m * size
+            if comp in fused or instr.op in _FREE or instr.op.endswith("-done"):
+                continue
+            traffic += m * _instr_bytes(instr, comps, roots, shapes)
+    return ModuleStats(
+        flops=flops,
+        bytes=traffic,
+        collectives={k: (int(c), int(b)) for k, (c, b) in coll.items()},
+        unbounded_loops=unbounded,
+    )
+
+
+def _instr_bytes(instr: _Instr, comps, roots, shapes) -> int:
+    out = _bytes(instr.type)
+    if instr.op != "fusion":
+        return out + sum(_bytes(shapes.get(o, "")) for o in instr.operands)
+    called = re.search(r"calls=%([\w.\-]+)", instr.attrs)
+    comp = called.group(1) if called else ""
+    root = next((i for i in comps.get(comp, []) if i.name == roots.get(comp)), None)
+    if root is not None and root.op == "dynamic-update-slice":
+        out = _bytes(shapes.get(root.operands[1], ""))  # in place: only the update is written
+    reads = sum(
+        _operand_bytes(comp, k, comps, shapes, _bytes(shapes.get(o, "")))
+        for k, o in enumerate(instr.operands)
+    )
+    return out + reads

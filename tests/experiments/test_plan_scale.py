@@ -1,0 +1,75 @@
+"""experiments.plan_scale's pieces that need no compiler: models, mesh candidates, the
+smallest slice, bad input."""
+
+import json
+import pathlib
+
+import pytest
+
+from experiments import plan_scale
+from experiments.train import load_config
+from kjax import scale
+
+PRESET = "experiments/configs/llama31_8b_math.py:passk"
+
+
+def test_known_models_have_the_published_sizes():
+    c8 = plan_scale.model_config(load_config(PRESET), "llama-3.1-8b")
+    c70 = plan_scale.model_config(load_config(PRESET), "llama-3.1-70b")
+    # Meta's model cards: 8.03B and 70.6B parameters.
+    assert scale.param_count(c8) == 8_030_261_248
+    assert scale.param_count(c70) == 70_553_706_496
+
+
+def test_hf_directory_is_read_by_its_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(plan_scale.KNOWN_MODELS["llama-3.1-8b"]))
+    c = plan_scale.model_config(load_config(PRESET), str(tmp_path))
+    assert c.num_layers == 32 and c.vocab_size == 128256
+    with pytest.raises(ValueError, match="no config.json"):
+        plan_scale.model_config(load_config(PRESET), str(tmp_path / "missing"))
+
+
+def test_candidates_split_the_batch_and_keep_tensor_within_kv_heads():
+    cfg = load_config(PRESET)
+    c = plan_scale.model_config(cfg, "llama-3.1-8b")
+    found = plan_scale.candidates(cfg, c, 64)
+    assert found
+    for (data, fsdp, tensor), micro in found:
+        assert data * fsdp * tensor == 64 and tensor <= c.num_kv_heads
+        assert cfg.batch_prompts % (cfg.rl.minibatches * micro * data * fsdp) == 0
+
+
+def test_smallest_topology_holds_the_state():
+    # 100 GiB of state: a v5p 2x2x1 slice holds 4 x 95 GiB.
+    assert plan_scale.smallest_topology("v5p", 100 * 2**30) == "v5p:2x2x1"
+    # 200 GiB on v5e (16 GiB a chip): 16 chips (4x4) are the first over it.
+    assert plan_scale.smallest_topology("v5e", 200 * 2**30) == "v5e:4x4"
+    assert plan_scale.smallest_topology("v5e", 10**13) is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--topology=v9:2x2"], "unknown chip"),
+        (["--topology=v5p:4x4x"], "must look like"),
+        (["--topology=v5p:2x2x2", "--mesh=1,2"], "--mesh must be"),
+        (["--topology=v5p:2x2x2", "--config.rl.epochs=0"], "rl.epochs"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(args, message, capsys):
+    code = plan_scale.main([f"--config={PRESET}", "--model=llama-3.1-8b", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_docs_scale_table_is_the_committed_plans():
+    """Every row of docs/scale.md's table comes from a committed --out summary."""
+    root = pathlib.Path(__file__).parents[2]
+    doc = (root / "docs" / "scale.md").read_text()
+    plans = sorted((root / "experiments" / "results" / "plan_scale").glob("*.json"))
+    assert plans
+    assert plan_scale.TABLE_HEADER in doc
+    for path in plans:
+        for summary in json.loads(path.read_text()):
+            assert summary["label"] == "compiled, not run"
+            assert plan_scale.table_row(summary) in doc, path.name
