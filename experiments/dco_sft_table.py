@@ -185,7 +185,7 @@ TABLE = harness.Table(
     budget=f"{EPOCHS} epochs of SFT (batch {BATCH}) on {SUBSET} problems from one "
     f"1500-step CE warm start (seeds vary the continuation's order and sampling); eval 200 "
     f"problems x {N_EVAL} samples after every epoch; "
-    "columns are after the last epoch unless named",
+    "columns are after the last epoch unless named; 2-digit arithmetic (tiny_arith)",
     execute=execute,
     plot=plot,
     derive=since_start,
