@@ -148,8 +148,8 @@ TABLE = harness.Table(
         Claim(
             "4a",
             "more cross-entropy SFT lowers pass@256: change since the warm start < 0 (Chen, "
-            "Raventos et al. 2025 (DCO), MATH: 65.2 -> 44.5 over 4 epochs, from epoch 1; the "
-            "metric was 'since epoch 1' until the 5-seed v1 rows were seen)",
+            "Raventos et al. 2025 (DCO), MATH: 65.2 -> 44.5 over 4 epochs, from epoch 1; "
+            "'since epoch 1' here too until the v1 rows were seen)",
             "since_start/pass@256",
             "cross-entropy",
             None,
@@ -158,7 +158,7 @@ TABLE = harness.Table(
         Claim(
             "4b",
             "DCO at N=256 holds pass@256: change since the warm start >= -0.02 (Chen, Raventos "
-            "et al. 2025 (DCO); 'since epoch 1' until the v1 rows were seen; kjax's margin)",
+            "et al. 2025; 'since epoch 1' until the v1 rows were seen; kjax's margin)",
             "since_start/pass@256",
             f"DCO (N={N_EVAL})",
             None,

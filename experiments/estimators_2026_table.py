@@ -205,8 +205,8 @@ TABLE = harness.Table(
         Claim(
             "6f",
             "MaxRL's pass@1 is similar or better than the mean objective's: at most 0.02 "
-            "below it (Tajwar, Zeng et al. 2026; an equivalence within 0.02 until the 5-seed "
-            "v1 rows were seen; kjax's margin)",
+            "below it (Tajwar, Zeng et al. 2026; kjax's margin; an equivalence until the v1 "
+            "rows were seen)",
             "pass@1",
             "MaxRL (T=16)",
             "mean (RLOO)",

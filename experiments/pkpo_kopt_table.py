@@ -96,9 +96,9 @@ TABLE = harness.Table(
         # the project's non-inferiority margin (4b, 6d-6f), fixed knowing the differences.
         Claim(
             "2d'",
-            "annealing k optimises both metrics: pass@1 at most 0.02 below k_opt = 1's (PKPO "
-            "abstract: annealing gives 'strong pass@1 performance alongside significant pass@k "
-            "gains'; added after the rows were seen)",
+            "annealing k gets both: pass@1 at most 0.02 below k_opt = 1's (PKPO abstract: "
+            "'strong pass@1 performance alongside significant pass@k gains'; added after the "
+            "rows were seen)",
             "pass@1",
             "anneal 8->1",
             "k_opt=1",
