@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import textwrap
 
 import numpy as np
 
@@ -164,7 +165,7 @@ def plot(table, rows, path) -> None:
     ax.set(xlabel="KL per sequence to the warm start (nats)", ylabel="held-out mean reward")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(table.title, fontsize=9)
+    ax.set_title(textwrap.fill(table.title, 80), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
