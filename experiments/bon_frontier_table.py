@@ -36,14 +36,14 @@ of that claim and counted in the "inside mean-RL's KL range" column, so a claim 
 on fewer seeds than the table (its seeds column says how many).
 
 The reported run (2026-12-05, 2 AMD EPYC cores shared with four other jobs, load average
-5-9): 8 arms x the leading seeds that finished by the time set aside for it, a reduced
-design (the claims' MDE column says what it can detect); 100-230 s a run under that load,
-about 20 min a seed. Two arms are table 10's configurations up to their checkpoint cadence
-(mean-RL (kl 0) is table 10's mean-RL, BoN distill (n=8) its BoN arm): retrained here at
-seed 0 (both arms) and seed 1 (mean-RL), each matched table 10's committed row bit for bit
-in every metric, so their other seeds' rows are table 10's committed rows (each marked
-"reused_from", with the provenance of the run that made it), as --reuse_runs would have
-taken them had table 10's workdir been kept.
+5-13): 8 arms x 10 seeds, the full design (the plan allowed fewer seeds, the leading ones
+finished by a fixed time, stated as a reduced design; all 10 finished), 101 min wall, 30-230
+s a run depending on the load. Two arms are table 10's configurations up to their checkpoint
+cadence (mean-RL (kl 0) is table 10's mean-RL, BoN distill (n=8) its BoN arm): retrained
+here at seed 0 (both arms) and seed 1 (mean-RL), each matched table 10's committed row bit
+for bit in every metric, so their other seeds' rows are table 10's committed rows (each
+marked "reused_from", with the provenance of the run that made it), as --reuse_runs would
+have taken them had table 10's workdir been kept.
 """
 
 from __future__ import annotations
