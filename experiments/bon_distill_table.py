@@ -24,21 +24,26 @@ logits. By the chain rule the sum over t has expectation KL(pi || pi_warm) of wh
 completions ("KL per sequence", the mean of the sums); every term is >= 0. "KL per token"
 divides the same total by the number of completion tokens.
 
-Claims (one family, Holm). 10a, vBoN's "one sample of the distilled policy approaches best-
-of-n of the reference": the BoN arm's held-out mean reward minus the warm start's max@8
-(same seed, same problems), non-inferior within 0.05; "gap closed" reports the fraction of
-the warm start's max@1 -> max@8 gap closed, untested. 10b, "lower KL than mean-RL at equal
-reward": mean-RL keeps a checkpoint every 10 steps (and orbax's first, step 1), and each one's
-KL and mean reward are measured as above on 8 samples per problem; the KL mean-RL's curve
-has where it first reaches the BoN arm's final mean reward (sqrt(KL) linear in reward
-between measured points, from the warm start's (reward, 0)) is paired by seed with the BoN
-arm's KL; a seed where mean-RL never reaches it is left out of 10b and counted in the
-"reaches" column. 10c: BoN distillation raises the held-out mean reward at all.
-10b was first written as "more reward per sqrt(KL) than mean-RL" (Gao et al. 2023: reward
-grows about linearly in sqrt(KL) near the reference). A 3-seed pilot of that form came
-out "reproduced", but the form favours whichever policy moved less whenever the frontier
-bends down, as it does in Gao et al., so it was replaced by the equal-reward form before
-the reported runs; the ratio stays a column ("gain / sqrt(KL)").
+Claims (one family, Holm). 10a, vBoN's "not as effective as BoN, but close": the BoN arm's
+held-out mean reward minus the warm start's max@8 (same seed, same problems), non-inferior
+within 0.05 (kjax's margin: the paper gives none); "gap closed" reports the fraction of the
+warm start's max@1 -> max@8 gap closed, untested. 10b, withdrawn after its rows were seen
+(below; the papers' own comparison is experiments.bon_frontier_table), was "lower KL than
+mean-RL at equal reward", and its measurement stays as columns: mean-RL keeps a checkpoint
+every 10 steps (and orbax's first, step 1), and each one's KL and mean reward are measured
+as above on 8 samples per problem; the KL mean-RL's curve has where it first reaches the BoN
+arm's final mean reward (sqrt(KL) linear in reward between measured points, from the warm
+start's (reward, 0)) is paired by seed with the BoN arm's KL; a seed where mean-RL never
+reaches it is counted in the "reaches" column. 10c: BoN distillation raises the held-out
+mean reward at all. Why 10b was withdrawn: it set BoN distillation with a KL penalty
+(kl_coef 8) against mean-RL with none, read mean-RL's KL at BoN's reward off a chord between
+checkpoints across an unmeasured stretch (6 of 10 seeds), and cited no source; vBoN's and
+BOND's claim is about the reward-KL frontier against KL-regularised RL. 10b was first
+written as "more reward per sqrt(KL) than mean-RL" (Gao et al. 2023: reward grows about
+linearly in sqrt(KL) near the reference). A 3-seed pilot of that form came out "reproduced",
+but the form favours whichever policy moved less whenever the frontier bends down, as it
+does in Gao et al., so it was replaced by the equal-reward form before the reported runs;
+the ratio stays a column ("gain / sqrt(KL)").
 
 Pilot (3 seeds, 2026-12-03, 2 CPU cores shared with other jobs, load average 3-6): tuning
 chose 1e-3 (mean-RL), 5e-4 (max@8) and 2e-3 (BoN, the grid's top: widen it upward);
@@ -284,25 +289,19 @@ TABLE = harness.Table(
     claims=(
         Claim(
             "10a",
-            f"vBoN (Amini et al. 2024): one sample of the distilled policy approaches best-of-"
-            f"{K} of the warm start: its mean reward is at most 0.05 below the warm start's "
-            f"max@{K}",
+            f"vBoN (Amini et al. 2024): the distilled policy is 'not as effective as BoN' but "
+            f"close; kjax's margin: its mean reward at most 0.05 below the warm start's max@{K}",
             "bon_gap",
             BON,
             None,
             ClaimKind.NONINFERIOR,
             margin=0.05,
         ),
-        Claim(
-            "10b",
-            "BoN distillation reaches its reward at a lower KL to the warm start than mean-RL "
-            "needs for the same reward (KL per sequence; mean-RL's along its checkpoints)",
-            "kl_at_bon_reward",
-            BON,
-            MEAN,
-            ClaimKind.LESS,
-            equivalence_margin=None,  # nats: no natural margin on this task
-        ),
+        # 10b ("a lower KL than mean-RL at equal reward", reproduced, -0.665 nats) was
+        # withdrawn after its rows were seen: it set BoN distillation with a KL penalty
+        # against mean-RL without one, and read mean-RL's KL off a chord between checkpoints.
+        # Its measurement stays as columns; the papers' comparison, the reward-KL frontier
+        # against KL-regularised mean-RL, is experiments.bon_frontier_table (claims 10b.n).
         Claim(
             "10c",
             "BoN distillation raises the held-out mean reward over the warm start",

@@ -1,4 +1,5 @@
-"""Chen et al. 2025 (limiting confidence): does more SFT with cross-entropy cost pass@N?
+"""Chen, Raventos, Cheng, Ganguli & Druckmann 2025 (DCO, limiting confidence; not the
+Pass@k Training paper of Chen et al. 2025): does more SFT with cross-entropy cost pass@N?
 
   python -m experiments.dco_sft_table --workdir=DIR [--seeds=10] [--smoke]
 
@@ -138,7 +139,7 @@ def plot(table, rows, path) -> None:
 
 TABLE = harness.Table(
     name="dco_sft_table",
-    title="Chen et al. 2025: SFT epochs with cross-entropy vs DCO (tiny_arith)",
+    title="Chen, Raventos et al. 2025 (DCO): SFT epochs with cross-entropy vs DCO (tiny_arith)",
     arms=(
         Arm("cross-entropy", loss_arm(SFTLoss.CE)),
         Arm(f"DCO (N={N_EVAL})", loss_arm(SFTLoss.DCO)),
@@ -146,8 +147,9 @@ TABLE = harness.Table(
     claims=(
         Claim(
             "4a",
-            "more cross-entropy SFT lowers pass@256: change since the warm start < 0 (Chen et "
-            "al. 2025, MATH: 65.2 -> 44.5 over 4 epochs)",
+            "more cross-entropy SFT lowers pass@256: change since the warm start < 0 (Chen, "
+            "Raventos et al. 2025 (DCO), MATH: 65.2 -> 44.5 over 4 epochs, from epoch 1; "
+            "'since epoch 1' here too until the v1 rows were seen)",
             "since_start/pass@256",
             "cross-entropy",
             None,
@@ -155,7 +157,8 @@ TABLE = harness.Table(
         ),
         Claim(
             "4b",
-            "DCO at N=256 holds pass@256: change since the warm start >= -0.02 (Chen et al. 2025)",
+            "DCO at N=256 holds pass@256: change since the warm start >= -0.02 (Chen, Raventos "
+            "et al. 2025; 'since epoch 1' until the v1 rows were seen; kjax's margin)",
             "since_start/pass@256",
             f"DCO (N={N_EVAL})",
             None,
@@ -182,7 +185,7 @@ TABLE = harness.Table(
     budget=f"{EPOCHS} epochs of SFT (batch {BATCH}) on {SUBSET} problems from one "
     f"1500-step CE warm start (seeds vary the continuation's order and sampling); eval 200 "
     f"problems x {N_EVAL} samples after every epoch; "
-    "columns are after the last epoch unless named",
+    "columns are after the last epoch unless named; 2-digit arithmetic (tiny_arith)",
     execute=execute,
     plot=plot,
     derive=since_start,

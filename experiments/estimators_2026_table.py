@@ -169,7 +169,7 @@ TABLE = harness.Table(
         ),
         Claim(
             "6d",
-            "L2O is at least as good on pass@8 (margin 0.02)",
+            "kjax, not the paper: L2O is at least as good as LOO-1 on pass@8 (margin 0.02)",
             "pass@8",
             L2O,
             LOO1,
@@ -178,17 +178,35 @@ TABLE = harness.Table(
         ),
         Claim(
             "6e",
-            "L2O is at least as good on pass@16 (margin 0.02)",
+            "kjax, not the paper: L2O is at least as good as LOO-1 on pass@16 (margin 0.02)",
             "pass@16",
             L2O,
             LOO1,
             ClaimKind.NONINFERIOR,
             margin=0.02,
         ),
+        # 6d'/6e' are the paper's direction, added after every row had been seen (6d/6e,
+        # the non-inferiority forms, were kjax's reading of it).
+        Claim(
+            "6d'",
+            "L2O outperforms the non-centred LOO-1 on pass@8 (Takashiro et al. 2026: L2O "
+            "'outperforms non-centered alternatives'; added after the rows were seen)",
+            "pass@8",
+            L2O,
+            LOO1,
+        ),
+        Claim(
+            "6e'",
+            "... on pass@16 (added after the rows were seen)",
+            "pass@16",
+            L2O,
+            LOO1,
+        ),
         Claim(
             "6f",
             "MaxRL's pass@1 is similar or better than the mean objective's: at most 0.02 "
-            "below it (Tajwar, Zeng et al. 2026)",
+            "below it (Tajwar, Zeng et al. 2026; kjax's margin; an equivalence until the v1 "
+            "rows were seen)",
             "pass@1",
             "MaxRL (T=16)",
             "mean (RLOO)",

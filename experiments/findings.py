@@ -58,6 +58,9 @@ TABLES = (
     Source(7, "experiments.smollm2_passk", "smollm2_passk", "docs/tables/smollm2_passk.md"),
     Source(8, "experiments.ttrl_table", "ttrl_table", "docs/tables/ttrl.md"),
     Source(10, "experiments.bon_distill_table", "bon_distill_table", "docs/tables/bon_distill.md"),
+    Source(
+        10, "experiments.bon_frontier_table", "bon_frontier_table", "docs/tables/bon_frontier.md"
+    ),
 )
 
 HEAD = (

@@ -66,7 +66,14 @@ FIXED, EXACT, LINEAR, ONE = (
     "3 epochs, linearised off-policy",
     "1 epoch",
 )
-PAPER = "Bagirov et al. 2025, Qwen2.5-Coder-7B, CodeContests max@128: 0.718 vs 0.710"
+# The comparable baseline is the paper's PPO arm with on-policy max@k advantages (this table's
+# FIXED arm). Its numbers could not be read here (only the abstract); the "CodeContests
+# max@128: 0.718 vs 0.710" this claim quoted before compared with the untrained base model.
+PAPER = (
+    "Bagirov et al. 2025, abstract: it 'effectively optimizes max@k metric in off-policy "
+    "scenarios'; its gain over their PPO with on-policy max@k advantages could not be read "
+    "here (0.718 vs 0.710, quoted before, was the base model)"
+)
 TABLE = harness.Table(
     name="maxk_offpolicy_table",
     title="Bagirov et al. 2025: off-policy max@k in PPO epochs (tiny_countdown, k=8)",

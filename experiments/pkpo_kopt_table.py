@@ -70,9 +70,50 @@ TABLE = harness.Table(
             "k_opt=1",
             ClaimKind.LESS,
         ),
-        Claim("2c", "larger k_opt raises pass@16 (k_opt=16)", "pass@16", "k_opt=16", "k_opt=1"),
-        Claim("2d", "annealing keeps most of pass@1", "pass@1", "anneal 8->1", "k_opt=8"),
-        Claim("2e", "annealing keeps the pass@k gain", "pass@16", "anneal 8->1", "k_opt=1"),
+        Claim(
+            "2c",
+            "kjax, not the paper: k_opt = 16 (= N, the k = N setting of Tang et al. 2025; "
+            "PKPO's grid stops at 8) also raises pass@16 over k_opt = 1",
+            "pass@16",
+            "k_opt=16",
+            "k_opt=1",
+        ),
+        Claim(
+            "2d",
+            "kjax, not the paper: annealing recovers pass@1 over k_opt = 8",
+            "pass@1",
+            "anneal 8->1",
+            "k_opt=8",
+        ),
+        Claim(
+            "2e",
+            "kjax, not the paper: annealing keeps part of the pass@16 gain over k_opt = 1",
+            "pass@16",
+            "anneal 8->1",
+            "k_opt=1",
+        ),
+        # 2d'/2e' are PKPO's own claim, added after every row had been seen; the margin is
+        # the project's non-inferiority margin (4b, 6d-6f), fixed knowing the differences.
+        Claim(
+            "2d'",
+            "annealing k gets both: pass@1 at most 0.02 below k_opt = 1's (PKPO abstract: "
+            "'strong pass@1 performance alongside significant pass@k gains'; added after the "
+            "rows were seen)",
+            "pass@1",
+            "anneal 8->1",
+            "k_opt=1",
+            ClaimKind.NONINFERIOR,
+            margin=0.02,
+        ),
+        Claim(
+            "2e'",
+            "... and pass@16 at most 0.02 below k_opt = 8's (added after the rows were seen)",
+            "pass@16",
+            "anneal 8->1",
+            "k_opt=8",
+            ClaimKind.NONINFERIOR,
+            margin=0.02,
+        ),
     ),
     columns=tuple((f"pass@{k}", f"pass@{k}") for k in KS),
     base=base,

@@ -181,6 +181,19 @@ def tuned_rates(table: Table, path: pathlib.Path) -> dict[str, dict]:
     return {a.name: chosen[a.name] for a in table.arms}
 
 
+def _tuning_beside(table: Table, rows: pathlib.Path) -> tuple[dict | None, list[dict]]:
+    """The tuning a rows file was written with: the chosen rates of the NAME.claims.json and
+    the rows of the NAME.tuning.jsonl beside it ((None, []) when either is missing), so a
+    table judged again keeps its learning-rate section."""
+    claims_path = rows.with_name(f"{table.name}.claims.json")
+    tuning_path = rows.with_name(f"{table.name}.tuning.jsonl")
+    if table.tuning is None or not (claims_path.exists() and tuning_path.exists()):
+        return None, []
+    chosen = json.loads(claims_path.read_text()).get("tuning", {}).get("chosen")
+    lines = tuning_path.read_text().splitlines()
+    return (chosen, [json.loads(line) for line in lines if line.strip()]) if chosen else (None, [])
+
+
 def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
     """Writes the table's outputs from finished rows (a NAME.jsonl) without training: the
     table's derived metrics are recomputed and its current claims judged. The rows keep
@@ -196,7 +209,8 @@ def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
         return 2
     harness.merge(table, rows, {})
     seeds = sorted({r["seed"] for r in rows})
-    text = write_outputs(table, rows, seeds, False, out)
+    chosen, tuning_rows = _tuning_beside(table, path)
+    text = write_outputs(table, rows, seeds, False, out, chosen, tuning_rows)
     print(f"\n{text}\n{out}/{table.name}.{{md,jsonl,claims.json,png}} from {path}")
     return 0
 

@@ -157,7 +157,8 @@ TABLE = harness.Table(
             "1f",
             f"the majority objective lowers majority voting on held-out problems with PG "
             f"({PAPER}, MATH test set; on the MATH training set it raises maj@4, which "
-            "this table does not measure)",
+            "this table does not measure; first written as a rise, turned after the v1 rows "
+            "were seen)",
             "maj@8",
             name(MAJ, PG),
             name(MEAN, PG),
@@ -165,9 +166,10 @@ TABLE = harness.Table(
         ),
         Claim(
             "1g",
-            "the testbed's premise, not a claim of the paper: mean-reward RL (PG) lowers "
-            "pass@16 below its warm start (Yue et al. 2025 report it on math and code; Tang "
-            "et al. motivate the k-sample objectives with it)",
+            "the testbed's premise (Countdown was chosen for it), not a paper's claim, "
+            "confirmed on the reported seeds: mean-reward RL (PG) lowers pass@16 below its "
+            "warm start (Yue et al. 2025; Bagirov et al. 2025: Best-of-N degrades at large N "
+            "after RL)",
             "pass@16 - warm start",
             name(MEAN, PG),
             None,

@@ -208,7 +208,8 @@ TABLE = harness.Table(
     smoke_arms=(TTRL,),
     budget=f"{STEPS} RL steps of {B} prompts x {N} samples (PG, mean objective) from one "
     "1500-step SFT warm start, each arm's learning rate tuned on labelled validation "
-    "problems; eval 1000 test problems x 32 samples with the true labels",
+    "problems (the strong-start arms: a 5000-step warm start); eval 1000 test problems x 32 "
+    "samples with the true labels; 2-digit arithmetic (tiny_arith)",
     execute=execute,
     derive=derive,
     tuning=Tuning(grid=LEARNING_RATES),

@@ -22,6 +22,7 @@ import numpy as np
 
 from kjax.objectives import binomial
 from kjax.objectives._validate import check_group, check_k
+from kjax.objectives.shrinkage_mean import mean_shrinkage_advantages
 
 
 class MeanBaseline(enum.Enum):
@@ -86,9 +87,6 @@ def mean_advantages(rewards: jax.Array, baseline: MeanBaseline = MeanBaseline.RL
     rewards = check_group(rewards, "rewards", "float")
     n = rewards.shape[1]
     if baseline is MeanBaseline.SHRINKAGE:
-        # Imported here: kjax.objectives.shrinkage imports this module.
-        from kjax.objectives.shrinkage import mean_shrinkage_advantages
-
         check_k(2, n, name="N for the SHRINKAGE baseline")
         return jax.lax.stop_gradient(mean_shrinkage_advantages(rewards))
     # Every baseline is shift-invariant; shifting by a member of the group first makes an

@@ -77,64 +77,12 @@ from kjax.objectives.advantages import (
     sort_group,
     suffix_sum_exclusive,
 )
+from kjax.objectives.shrinkage_mean import shrinkage_factor
 
 # Estimators whose baseline is c * m_j(all but i), with (j, c) as functions of (N, k):
 # LOO: s_i - k/(N-1) m_k(others); L2O: s_i - (k/N) m_k(others); LOO_MINUS_ONE:
 # (1/C(N,k)) sum_{I ∋ i} max_{I \ i} = (k/N) m_{k-1}(others) (k = 1: RLOO / N, j = 1).
 SHRINKABLE = (MaxAtKEstimator.LOO, MaxAtKEstimator.L2O, MaxAtKEstimator.LOO_MINUS_ONE)
-
-
-def shrinkage_factor(loo: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(lam [B], target M [B]) from the leave-one-out statistics L [B, N] of every prompt.
-
-    Row b of both is an exact function of the other rows: sums over b' != b are masked,
-    so row b's values cannot enter even through rounding (lam is a ratio that can be
-    0/0; rounding that depended on y_bi would leak it into its own baseline). Formulas:
-    module docstring. B <= 2 gives lam = 0 and M = 0. Arguments are validated by the
-    callers.
-    """
-    num, n = loo.shape
-    if num <= 2:
-        zero = jnp.zeros((num,), loo.dtype)
-        return zero, zero
-    # Deviations from a member of the row: exactly 0 for a constant row, so its noise is
-    # exactly 0 and not rounding error.
-    rel = loo - loo[:, :1]
-    rel_mean = jnp.mean(rel, axis=-1)
-    est = loo[:, 0] + rel_mean  # [B] each row's full-group estimate, mean_i L_bi
-    nu_row = jnp.sum(jnp.square(rel - rel_mean[:, None]), axis=-1)  # [B] jackknife noise
-    others = ~jnp.eye(num, dtype=bool)  # [b, b']: b' != b
-
-    def over_others(x):  # [B, B] (b, b') -> [B]: the sum over b' != b, b' = b masked exactly
-        return jnp.sum(jnp.where(others, x, 0.0), axis=-1)
-
-    k = num - 1  # other prompts
-    nu = over_others(jnp.broadcast_to(nu_row, (num, num))) / k
-    target = over_others(jnp.broadcast_to(est, (num, num))) / k
-    s2 = over_others(jnp.square(est[None, :] - target[:, None])) / (k - 1)
-    tau2 = jnp.maximum(s2 - nu * ((n - 1) / n), 0.0)
-    d2 = tau2 * (num / k) + nu * ((n - 1) / (n * k))
-    total = nu + d2
-    lam = jnp.where(total > 0, nu / jnp.where(total > 0, total, 1.0), 0.0)
-    return lam, target
-
-
-def mean_shrinkage_advantages(rewards: jax.Array) -> jax.Array:
-    """MeanBaseline.SHRINKAGE: r_bi - [(1 - lam_b) mean_{j != i} r_bj + lam_b M_b].
-
-    The mean convention of `mean_advantages`; unbiased for grad E[r] (N >= 2). Called by
-    `mean_advantages`; arguments are validated there.
-    """
-    n = rewards.shape[1]
-    # Each row is shifted by its own member (as in `mean_advantages`) and the shift added
-    # back to the leave-one-out means: an all-equal row then has exactly constant ones.
-    # Never one shift for the batch: rounding would then depend on that one reward and
-    # leak it into every prompt's lam.
-    shifted = rewards - rewards[:, :1]
-    rloo = (shifted - jnp.mean(shifted, axis=-1, keepdims=True)) * (n / (n - 1))
-    loo = (jnp.sum(shifted, axis=-1, keepdims=True) - shifted) / (n - 1) + rewards[:, :1]
-    lam, target = shrinkage_factor(loo)
-    return rloo + lam[:, None] * (loo - target[:, None])
 
 
 @functools.lru_cache(maxsize=256)

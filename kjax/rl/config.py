@@ -156,7 +156,7 @@ class EvalSplit(enum.Enum):
 
 class SFTLoss(enum.Enum):
     CE = "ce"  # token-mean cross-entropy
-    DCO = "dco"  # Chen et al. 2025's confidence-limiting loss at N = sft.dco_n
+    DCO = "dco"  # Chen, Raventos et al. 2025's (DCO) confidence-limiting loss at N = sft.dco_n
 
 
 @dataclasses.dataclass(frozen=True)

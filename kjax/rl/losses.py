@@ -465,7 +465,7 @@ def _dco_jvp(n, primals, tangents):
 def dco_loss(
     logits: jax.Array, targets: jax.Array, mask: jax.Array, n: int
 ) -> tuple[jax.Array, Metrics]:
-    """Confidence-limiting SFT loss (DCO) of Chen et al. 2025, mean over B.
+    """Confidence-limiting SFT loss (DCO) of Chen, Raventos et al. 2025, mean over B.
 
     Loss -log(1 - (1 - p_hat)^N): the log-probability that at least one of N samples is
     the reference answer, with p_hat = exp(sum_t mask log p(target_t)) the model's

@@ -71,8 +71,10 @@ def compute_advantages(
       current policy, BOND's moving anchor) and a leave-two-out baseline. The KL half of
       the objective is the trainer's penalty to the warm start (rl.kl_coef > 0 with
       rl.kl_estimator=K2, whose gradient is that of KL(pi || ref)); with this moving
-      anchor, coefficient k targets best-of-k of the warm start (docs/estimators.md
-      section 8).
+      anchor, coefficient k would make best-of-k of the warm start stationary only with
+      exact CDFs on continuous rewards; with the group's N - 1 anchors and the CDF floor
+      the stationary point lies well short of it (n = 8, N = 16: nearest best-of-3.3;
+      docs/estimators.md section 8).
 
     Args:
       cfg: ObjectiveConfig (hashable: pass it as a static argument under jit).

@@ -1,7 +1,10 @@
-"""experiments.pruned_bon --smoke: files written, plain BoN's compute reproduced by the
-unpruned draw and by a hand count of the plain sampler, pruning cheaper, accuracies valid."""
+"""experiments.pruned_bon --smoke: files written, every plain-BoN row and the unpruned row
+equal to a hand count (FLOPs) and an enumeration (accuracy) of the plain sampler's draw,
+pruning cheaper, accuracies valid."""
 
+import itertools
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -44,27 +47,11 @@ def test_files_are_written(smoke):
         assert rows_of == len(pb.SELECTORS) * len(pb.SMOKE.ns) + per_rule
 
 
-def test_no_pruning_reproduces_plain_bon_compute(smoke):
-    _, rows = smoke
-    bon, pruned = _split(rows)
-    N = max(pb.SMOKE.ns)
-    plain = next(r for r in pruned if r["rule"] == pb.PLAIN and r["n"] == N)
-    assert plain["schedule"] == []
-    assert plain["flops"] == pytest.approx(bon[N]["flops"], rel=1e-12)
-    assert plain["tokens"] == pytest.approx(bon[N]["tokens"], rel=1e-12)
-    for field in pb.SELECTORS.values():
-        assert plain[field] == pytest.approx(bon[N][field], abs=1e-6)
-    # BoN's compute is linear in n: prefill once, then n completions of the mean length.
-    flops = np.array([bon[n]["flops"] for n in sorted(bon)])
-    np.testing.assert_allclose(np.diff(flops), flops[1] - flops[0], rtol=1e-9)
-    np.testing.assert_allclose([bon[n]["tokens"] for n in sorted(bon)],
-                               bon[1]["tokens"] * np.arange(1, N + 1), rtol=1e-12)  # fmt: skip
-
-
-def test_plain_compute_equals_a_hand_count_of_the_plain_sampler(smoke):
-    """N full completions of kjax.sampling (same key): prefill + one pass per token after
-    the first, over the prompt's real tokens + the position."""
-    workdir, rows = smoke
+def _plain_draw(workdir):
+    """The smoke run's N-sample draw redone by the plain sampler (kjax.sampling, same key),
+    not the pruned one that wrote the rows: its lengths, the hand count of each prompt's
+    prefill and decode FLOPs (one pass per token after the first, over the prompt's real
+    tokens + the position), and the selectors' scores and exact hits."""
     params, config, task, cfg = pb.run_setup(workdir, workdir / "sft", smoke=True)
     N, T = max(pb.SMOKE.ns), cfg.max_new_tokens
     examples = list(task.test)[: pb.SMOKE.problems]
@@ -74,13 +61,53 @@ def test_plain_compute_equals_a_hand_count_of_the_plain_sampler(smoke):
                                 jnp.float32(1.0), config=config, n=N, max_new_tokens=T,
                                 stop_ids=task.stop_ids)  # fmt: skip
     lengths, real = np.asarray(ro.lengths), mask.sum(-1)
-    flops = [pruned_sampling.prefill_flops(config, real[b])
-             + sum(pruned_sampling.decode_flops(config, real[b] + i)
-                   for length in lengths[b] for i in range(1, int(length)))
-             for b in range(len(examples))]  # fmt: skip
-    plain = next(r for r in rows if r.get("rule") == pb.PLAIN and r["n"] == N)
-    assert plain["flops"] == pytest.approx(float(np.mean(flops)), rel=1e-9)
+    prefill = np.array([pruned_sampling.prefill_flops(config, r) for r in real])
+    decode = np.array([[sum(pruned_sampling.decode_flops(config, real[b] + i)
+                            for i in range(1, int(length))) for length in lengths[b]]
+                       for b in range(len(real))])  # fmt: skip
+    scores, correct = pb.verdict(task, examples, ro)
+    return lengths, prefill, decode, scores, correct
+
+
+def _enumerated_accuracy(scores, correct, n: int) -> float:
+    """Mean over prompts and every n-subset of the draw of the top-scored sample's
+    correctness, ties at the top split evenly (no kjax code)."""
+    per_prompt = []
+    for s, c in zip(np.asarray(scores, np.float64), np.asarray(correct), strict=True):
+        picks = []
+        for subset in itertools.combinations(range(len(s)), n):
+            top = max(s[i] for i in subset)
+            tied = [i for i in subset if s[i] == top]
+            picks.append(sum(c[i] for i in tied) / len(tied))
+        per_prompt.append(np.mean(picks))
+    return float(np.mean(per_prompt))
+
+
+def test_bon_rows_match_a_plain_draw_counted_by_hand(smoke):
+    """Every BoN row (n = 1..N) is the plain sampler's draw counted independently: prefill
+    + n mean completions' decode FLOPs by hand, accuracy by enumerating every n-subset.
+    The rows come from the pruned sampler's unpruned draw and best_of_n_accuracy, so a
+    wrong prefill count, per-completion cost, draw or tie rule fails here; the unpruned
+    row of the pruned sampler is checked against the same draw."""
+    workdir, rows = smoke
+    bon, pruned = _split(rows)
+    lengths, prefill, decode, scores, correct = _plain_draw(workdir)
+    N = lengths.shape[1]
+    assert sorted(bon) == list(range(1, N + 1))
+    for n in range(1, N + 1):
+        flops = prefill + n * decode.sum(-1) / N
+        assert bon[n]["flops"] == pytest.approx(float(flops.mean()), rel=1e-9), n
+        assert bon[n]["tokens"] == pytest.approx(float((n * lengths.sum(-1) / N).mean())), n
+        for field in pb.SELECTORS.values():
+            want = _enumerated_accuracy(scores[field], correct, n)
+            assert bon[n][field] == pytest.approx(want, abs=1e-6), (n, field)
+    plain = next(r for r in pruned if r["rule"] == pb.PLAIN and r["n"] == N)
+    assert plain["schedule"] == []
+    assert plain["flops"] == pytest.approx(float((prefill + decode.sum(-1)).mean()), rel=1e-9)
     assert plain["tokens"] == pytest.approx(float(lengths.sum(-1).mean()), rel=1e-12)
+    for field in pb.SELECTORS.values():
+        want = _enumerated_accuracy(scores[field], correct, N)
+        assert plain[field] == pytest.approx(want, abs=1e-6), field
 
 
 def test_pruning_costs_less_and_accuracies_are_probabilities(smoke):
@@ -136,6 +163,24 @@ def test_smollm2_smoke_end_to_end(tmp_path):
     bon, pruned = _split(rows)
     N = max(pb.SMOLLM2_SMOKE.ns)
     plain = next(r for r in pruned if r["rule"] == pb.PLAIN and r["n"] == N)
-    assert plain["flops"] == pytest.approx(bon[N]["flops"], rel=1e-12)
+    assert sorted(bon) == list(range(1, N + 1))  # their values: the hand count above
     assert {r["rule"] for r in pruned} == {pb.PLAIN, *pb.RULES}
     assert all(r["flops"] < plain["flops"] for r in pruned if r["rule"] != pb.PLAIN)
+
+
+def test_bon_rows_accuracy_is_the_enumerated_pick_with_ties_split():
+    """bon_rows' accuracy at every n equals enumerating every n-subset of a draw whose
+    scores tie and whose hits vary (the smoke model, 4 SFT steps, rarely hits anything,
+    so the smoke draw alone cannot catch a wrong n or tie rule)."""
+    rng = np.random.default_rng(0)
+    B, N = 5, 6
+    scores = {f: rng.integers(0, 3, (B, N)).astype(np.float32) for f in pb.SELECTORS.values()}
+    correct = rng.random((B, N)) < 0.5
+    full = types.SimpleNamespace(flops=np.full(B, 10.0 + N), decoded_tokens=np.full(B, 2.0 * N))
+    rows = pb.bon_rows(scores, correct, full, np.full(B, 10.0))
+    assert [r["n"] for r in rows] == list(range(1, N + 1))
+    for r in rows:
+        assert r["flops"] == pytest.approx(10.0 + r["n"]) and r["tokens"] == 2.0 * r["n"]
+        for field in pb.SELECTORS.values():
+            want = _enumerated_accuracy(scores[field], correct, r["n"])
+            assert r[field] == pytest.approx(want, abs=1e-6), (r["n"], field)

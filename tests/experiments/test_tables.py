@@ -222,3 +222,19 @@ def _tables(text: str) -> list[str]:
             blocks.append("\n".join(current))
             current = []
     return blocks
+
+
+def test_from_rows_rewrites_a_committed_tuned_table_but_its_provenance(tmp_path):
+    """--from_rows on a committed table judges its rows again and keeps its learning-rate
+    section (the chosen rates and tuning rows beside the rows file): the page comes back
+    the same but for the line naming the writer's commit."""
+    module = importlib.import_module("experiments.pkpo_kopt_table")
+    results = ROOT / "experiments" / "results"
+    args = ["--workdir", str(tmp_path), "--from_rows", str(results / "pkpo_kopt_table.jsonl")]
+    assert table_cli.main(module.TABLE, args) == 0
+
+    def page(path):
+        return [x for x in path.read_text().splitlines() if not x.startswith("Written at commit")]
+
+    assert page(tmp_path / "pkpo_kopt_table.md") == page(results / "pkpo_kopt_table.md")
+    assert "Learning rates (tuning seeds" in (tmp_path / "pkpo_kopt_table.md").read_text()

@@ -89,11 +89,17 @@ def tv(a, b):
 
 
 # ---------------------------------------------------------------- (i) the optimum
+#
+# The first three tests are derivation checks: they check the module docstring's math on
+# test-local helpers and call no kjax code. test_library_weight_is_the_tie_split_weight and
+# test_library_reward_tilts_the_anchor_distribution_to_its_best_of_n compare the library
+# with what they derive.
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("kind", ["distinct", "ties"])
 def test_best_of_n_is_the_tie_split_form(n, kind):
+    """Derivation check (no kjax code): enumerated best-of-n = pi_ref w_n."""
     values, p = REWARDS[kind], softmax(THETA)
     enumerated = best_of_n_enumerated(p, values, n)
     np.testing.assert_allclose(enumerated, p * tie_split_weight(p, values, n), rtol=1e-12)
@@ -106,7 +112,8 @@ def test_best_of_n_is_the_tie_split_form(n, kind):
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize("kind", ["distinct", "ties"])
 def test_the_objective_with_the_exact_weight_is_maximised_by_best_of_n(n, kind):
-    """max_pi E_pi[log(w_n / n)] - KL(pi || pi_ref) = -log n, attained at pi_bon only."""
+    """Derivation check (no kjax code): max_pi E_pi[log(w_n / n)] - KL(pi || pi_ref) =
+    -log n, attained at pi_bon only."""
     values, p = REWARDS[kind], softmax(THETA)
     g = np.log(tie_split_weight(p, values, n) / n)
     optimum, log_z = gibbs(p, g)
@@ -132,7 +139,9 @@ def test_the_objective_with_the_exact_weight_is_maximised_by_best_of_n(n, kind):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_continuous_form_is_exact_only_in_the_continuum_limit(n):
-    """pi_ref n F^(n-1) sums to more than 1 on finitely many outputs, and the maximiser of
+    """Derivation check (no kjax code; the library's R for rewards that tie no anchor is
+    (n - 1) log F_hat, test_fixed_anchor_estimator_is_unbiased):
+    pi_ref n F^(n-1) sums to more than 1 on finitely many outputs, and the maximiser of
     E_pi[(n - 1) log F] - KL (pi ∝ pi_ref F^(n-1)) is not best-of-n; the gap closes as
     the outputs get finer (here: K equally likely arms with distinct rewards)."""
     p = softmax(THETA)
@@ -148,6 +157,23 @@ def test_the_continuous_form_is_exact_only_in_the_continuum_limit(n):
         optimum, _ = gibbs(p, (n - 1) * np.log(f))
         gaps.append(tv(optimum, p * tie_split_weight(p, values, n)))
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3, gaps
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("kind", ["distinct", "ties"])
+def test_library_weight_is_the_tie_split_weight(n, kind):
+    """The library's R against anchors whose empirical distribution is pi_ref (rational)
+    is log(w_n / n) with w_n the tie-split weight, i.e. log(pi_bon / (n pi_ref)) with
+    pi_bon enumerated: what the derivation checks above stand for."""
+    values = REWARDS[kind]
+    counts = np.array([3, 1, 4, 2, 5])
+    p = counts / counts.sum()
+    anchors = np.repeat(values, counts)[None, :]
+    with jax.enable_x64(True):
+        r = np.asarray(bd.bon_log_cdf_rewards(values[None, :], anchors, n, floor=1e-9))[0]
+    np.testing.assert_allclose(r, np.log(tie_split_weight(p, values, n) / n), rtol=1e-12)
+    np.testing.assert_allclose(np.exp(r) * n * p, best_of_n_enumerated(p, values, n), rtol=1e-10)
+    assert np.all(np.diff(r[np.argsort(values)]) >= 0)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
@@ -271,9 +297,11 @@ def test_finite_anchor_bias_is_first_order_in_one_over_m(f):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_moving_anchor_with_kl_coefficient_beta_targets_best_of_m(n):
-    """With the group as the anchor and the trainer's KL to the warm start p at beta, a
-    stationary policy satisfies pi = p exp(R_pi / beta) / Z. Best-of-m of p solves it in
-    the continuum limit with m = beta / (beta - (n - 1)): beta = n gives best-of-n."""
+    """Derivation check (no kjax code; exact CDFs, not the trainer's): with the group as
+    the anchor and the trainer's KL to the warm start p at beta, a stationary policy
+    satisfies pi = p exp(R_pi / beta) / Z. Best-of-m of p solves it in the continuum limit
+    with m = beta / (beta - (n - 1)): beta = n gives best-of-n. What the trainer's own
+    reward (N - 1 anchors, the floor) makes stationary is the next test's."""
     arms = 1000
     p = np.full(arms, 1.0 / arms)
     values = np.random.default_rng(1).permutation(arms).astype(np.float64)
@@ -286,6 +314,96 @@ def test_moving_anchor_with_kl_coefficient_beta_targets_best_of_m(n):
         assert tv(update(target, beta), target) < 1e-3, (beta, m)
     bon = p * tie_split_weight(p, values, n)
     assert tv(update(bon, 1.0), bon) > 0.1  # vBoN's fixed-anchor weight is not it
+
+
+def stationary_of_the_trainer(p0, values, n, big_n, beta, floor=None):
+    """The stationary point of the trainer's expected BON_DISTILL update with the KL to the
+    warm start p0 at beta, by exact enumeration: pi = p0 exp(g_M[pi] / beta) / Z, where
+    g_M[pi](y) is the library's leave-one-out reward of y averaged over its M = N - 1
+    anchors drawn from pi (every multinomial count of anchors below, tied with and above
+    y; rewards distinct), the objective the estimator is exactly unbiased for
+    (test_leave_one_out_estimator_is_unbiased_for_the_frozen_moving_anchor). Damped
+    fixed-point iteration from p0."""
+    from scipy.special import gammaln, xlogy
+
+    m = big_n - 1  # floor None: the library's default (0.5 / m)
+    below, tied = np.array([(j, e) for j in range(m + 1) for e in range(m + 1 - j)]).T
+    slot = np.arange(m)[None, :]
+    anchors = np.where(
+        slot < below[:, None], -1.0, np.where(slot < (below + tied)[:, None], 0.0, 1.0)
+    )
+    with jax.enable_x64(True):  # R of a reward 0 against each count (the library's)
+        r = np.asarray(bd.bon_log_cdf_rewards(np.zeros((len(below), 1)), anchors, n, floor))[:, 0]
+    log_multinomial = (
+        gammaln(m + 1) - gammaln(below + 1) - gammaln(tied + 1) - gammaln(m - below - tied + 1)
+    )
+    order = np.argsort(values)
+    pi = p0.copy()
+    for _ in range(5000):
+        cdf_below = np.empty_like(pi)
+        cdf_below[order] = np.concatenate([[0.0], np.cumsum(pi[order])[:-1]])
+        above = np.maximum(1.0 - cdf_below - pi, 0.0)
+        log_prob = (log_multinomial + xlogy(below, cdf_below[:, None]) + xlogy(tied, pi[:, None])
+                    + xlogy(m - below - tied, above[:, None]))  # fmt: skip
+        g = np.exp(log_prob) @ r
+        new = gibbs(p0, g / beta)[0]
+        if np.abs(new - pi).max() < 1e-14:
+            return new
+        pi = 0.5 * (pi + new)
+    raise AssertionError("no fixed point in 5000 iterations")
+
+
+def best_of_m(p0, values, m):
+    """Best-of-m of p0 for real m >= 1 (distinct rewards): F^m - F_^m."""
+    order = np.argsort(values)
+    f = np.empty_like(p0)
+    f[order] = np.cumsum(p0[order])
+    return f**m - (f - p0) ** m
+
+
+def test_the_trainers_stationary_point_at_the_shipped_preset_is_not_best_of_n():
+    """tiny_countdown_bon's preset (n = 8, N = 16, rl.kl_coef = 8, the default floor) on 64
+    equally likely outputs with distinct rewards (i + 0.5) / 64: the expected update is
+    stationary at a policy nearest best-of-3.3 of the warm start, mean reward 0.735 against
+    best-of-8's 0.889, the numbers docs/estimators.md section 8 and the docstrings state;
+    a best-of-n stationary point needs exact CDFs (the derivation check above)."""
+    from experiments.configs import tiny_countdown_bon
+
+    cfg = tiny_countdown_bon.get_config()
+    n, big_n, beta = cfg.objective.k, cfg.samples, cfg.rl.kl_coef
+    assert (n, big_n, beta) == (8, 16, 8.0)
+    arms = 64
+    p0, values = np.full(arms, 1.0 / arms), (np.arange(arms) + 0.5) / arms
+    pi = stationary_of_the_trainer(p0, values, n, big_n, beta)
+    ms = np.linspace(1.0, 10.0, 901)
+    distance = [tv(pi, best_of_m(p0, values, m)) for m in ms]
+    nearest = ms[int(np.argmin(distance))]
+    assert nearest == pytest.approx(3.3, abs=0.05) and min(distance) == pytest.approx(
+        0.066, abs=0.002
+    )
+    assert pi @ values == pytest.approx(0.735, abs=0.001)
+    assert best_of_m(p0, values, n) @ values == pytest.approx(0.889, abs=0.001)
+
+
+def test_binary_rewards_miss_best_of_n_even_with_exact_cdfs():
+    """Derivation check (the module docstring's binary closed form, no kjax code): with
+    exact CDFs, n = beta = 8, a warm start that succeeds with probability 0.3 is stationary
+    where logit(s) = logit(0.3) + (R_correct(s) - R_wrong(s)) / beta: at s = 0.441, not at
+    pass@8 = 0.942. The library's binary rewards are those closed forms
+    (test_binary_rewards_give_the_pass_at_n_weights)."""
+    from scipy.optimize import brentq
+
+    n, beta, s0 = 8, 8.0, 0.3
+
+    def gap(s):
+        correct, wrong = math.log((1 - (1 - s) ** n) / (n * s)), math.log((1 - s) ** (n - 1) / n)
+        logit = math.log(s / (1 - s)) - math.log(s0 / (1 - s0))
+        return logit - (correct - wrong) / beta
+
+    s = brentq(gap, 1e-9, 1 - 1e-9)
+    assert s == pytest.approx(0.441, abs=0.001) and 1 - (1 - s0) ** n == pytest.approx(
+        0.942, abs=0.001
+    )
 
 
 # ------------------------------------------------ (iii) ties, floors and bad input

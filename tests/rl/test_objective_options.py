@@ -12,6 +12,8 @@ import pytest
 
 from kjax import checkpoint, evaluation
 from kjax import objectives as obj
+from kjax.rewards.verdict import Verdicts
+from kjax.rl import loop
 from kjax.rl.config import (
     MaxAtKEstimator,
     MeanBaseline,
@@ -137,7 +139,19 @@ def test_new_fields_at_their_defaults_keep_an_old_workdirs_identity(tmp_path):
         checkpoint.ensure_workdir(tmp_path, to_json(ttrl))
 
 
-def test_a_ttrl_run_logs_its_label_error_and_evaluates_on_true_labels(tmp_path):
+def test_a_ttrl_run_logs_its_label_error_and_evaluates_on_true_labels(tmp_path, monkeypatch):
+    """A verifier under which the vote and the truth disagree everywhere: every sample gives
+    the same wrong answer (class 1; the reference is class 0) and scores 0. The vote labels
+    every group with that answer, so pseudo-rewards are all 1 (label_wrong = reward_error =
+    1), while the true pass@1 and maj@k are 0: an evaluation that scored pseudo-labels
+    would report 1."""
+
+    def unanimous_and_wrong(c, examples, tokens, mask):
+        b, n = tokens.shape[:2]
+        return Verdicts(np.zeros((b, n), np.float32), np.ones((b, n), np.int32),
+                        np.zeros(b, np.int32))  # fmt: skip
+
+    monkeypatch.setattr(loop, "verify", unanimous_and_wrong)
     cfg: TrainConfig = dataclasses.replace(
         TINY,
         steps=2,
@@ -148,7 +162,9 @@ def test_a_ttrl_run_logs_its_label_error_and_evaluates_on_true_labels(tmp_path):
     rows = evaluation.read_jsonl(tmp_path / "metrics.jsonl")
     steps = [r for r in rows if r["step"] > 0]
     assert len(steps) == 2
-    for row in steps:
-        assert 0 <= row["pseudo/labelled"] <= 1 and 0 <= row["pseudo/reward_error"] <= 1
-        assert np.isnan(row["pseudo/label_wrong"]) or 0 <= row["pseudo/label_wrong"] <= 1
-    assert 0 <= last["eval/pass@1"] <= 1 and "pseudo/labelled" not in rows[0]
+    for row in steps:  # the training rewards were the vote's
+        assert row["pseudo/labelled"] == 1.0 and row["pseudo/label_wrong"] == 1.0
+        assert row["pseudo/reward_error"] == 1.0
+    for k in (1, cfg.eval.n_eval):  # the evaluation's were the verifier's
+        assert last[f"eval/pass@{k}"] == 0.0 and last[f"eval/maj@{k}"] == 0.0
+    assert "pseudo/labelled" not in rows[0]
