@@ -64,7 +64,7 @@ from kjax.rl.config import KLEstimator, Objective, ObjectiveConfig
 
 MEAN_KL = (0.0, 0.05, 0.2, 1.0)
 BON_N = (2, 4, 8, 16)
-MEAN_LR, BON_LR = 1e-3, 2e-3  # table 10's tuned rates (experiments/results/bon_distill_table)
+MEAN_LR, BON_LR = 1e-3, 2e-3  # table 10's tuned rates (experiments/results/bon_distill_table.md)
 MARGIN = 0.01  # NONINFERIOR margin on the mean reward (kjax's: the papers give none)
 
 
