@@ -16,25 +16,7 @@ def random_hf_model(seed: int = 0, std: float = 0.2, **overrides) -> transformer
     Large-ish weights make logits O(1) and every parameter matter, so a wrong layout or
     a missing term shows up far above the 1e-5 tolerance.
     """
-    kwargs = dict(
-        vocab_size=11,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attn_implementation="eager",
-    )
-    kwargs.update(overrides)
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kwargs)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            base = 1.0 if name.endswith("norm.weight") else 0.0
-            p.copy_(base + std * torch.randn_like(p))
-    return model
+    return random_family_model("llama", seed, std, **overrides)
 
 
 FAMILY_CLASSES = {  # model_type -> (config class, causal LM class)
@@ -46,8 +28,9 @@ FAMILY_CLASSES = {  # model_type -> (config class, causal LM class)
 
 
 def random_family_model(family: str, seed: int = 0, std: float = 0.2, **overrides):
-    """`random_hf_model` for any family transformers builds from its own config class:
-    biases and the q/k norms are drawn too (biases N(0, std^2), norms ~1)."""
+    """A tiny random model of any family transformers builds from its own config class
+    (`random_hf_model` is its Llama): every weight N(0, std^2), norms (the q/k norms too)
+    ~1, biases included."""
     kwargs = dict(
         vocab_size=11,
         hidden_size=16,
