@@ -76,6 +76,20 @@ class Checkpointer:
             self._last_saved = step
         return saved
 
+    def due(self, step: int, *, force: bool = False) -> bool:
+        """Whether save(step, ..., force=force) would write a checkpoint."""
+        if step == self._last_saved:
+            return False
+        return force or self._manager.should_save(step)
+
+    def meta(self, step: int | None = None) -> dict:
+        """The JSON metadata saved at `step` (default: latest) alone."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return out.meta
+
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restores (state, meta) at `step` (default: latest) shaped and sharded like `like`.
 

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import checkpoint, sharding
 from kjax.models import Llama, LlamaConfig
 from kjax.rl import multihost, sft
-from kjax.rl.config import EvalSplit, ModelKind, TrainConfig, to_json
+from kjax.rl.config import EvalSplit, ModelKind, Objective, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
 from kjax.rl.objective import compute_advantages, offpolicy_reweighter
 from kjax.rl.optim import make_optimizer
@@ -41,6 +41,10 @@ class Components:
       (kjax.rl.objective.compute_advantages; one compile per distinct k).
     ref_params: the frozen KL reference (None without a KL penalty).
     pool: a kjax.rewards.pool.VerifierPool, or None to verify in this process.
+    sample_sharding: where the sampler's prompts [B,S] live (batch_sharding, or the
+      sampling group's data axis under mesh.sampler_devices).
+    to_sampler: params on the training mesh -> the params the sampler reads (the same
+      arrays, or a copy resharded onto the sampling group).
     """
 
     cfg: TrainConfig
@@ -60,6 +64,13 @@ class Components:
     pool: Any
     base_key: jax.Array
     log: Callable
+    sample_sharding: NamedSharding
+    to_sampler: Callable
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether step t + policy_lag's sampling runs on other devices than step t's update."""
+        return self.cfg.mesh.sampler_devices > 0
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -99,7 +110,9 @@ def _cached_train_step(model_config, rl, opt_cfg, objective, ks, mesh, shardings
 _advantages = jax.jit(compute_advantages, static_argnums=(0, 1))
 
 
-def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, mesh, state, task):
+def step_and_sampler(
+    cfg: TrainConfig, model_config: LlamaConfig, mesh, state, task, sampler_mesh=None
+):
     """(the jitted RL update, the grouped sampler) of `model_config` for the run `cfg`.
 
     The update is shared by every run of this process with the same model, StepConfig,
@@ -121,11 +134,12 @@ def step_and_sampler(cfg: TrainConfig, model_config: LlamaConfig, mesh, state, t
         cfg.temperature,
     )
     stop_ids, T = task.stop_ids, cfg.max_new_tokens
+    on = mesh if sampler_mesh is None else sampler_mesh
 
     def sampler(params, prompts, prompt_mask, key, temperature, *, n: int):
         # Traced under the mesh, the sampler pins its rows (activations, own K/V) to the
         # batch axes (sharding.constrain_batch); a no-op on one device.
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(on.abstract_mesh):
             return sample_params(params, prompts, prompt_mask, key, temperature, n=n,
                                  config=model_config, dtype=dtype, max_new_tokens=T,
                                  stop_ids=stop_ids)  # fmt: skip
@@ -206,13 +220,14 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
     multihost.maybe_initialize_distributed()
     cfg = cfg.validate(jax.device_count())
     log = log if multihost.is_leader() else (lambda *a, **k: None)
+    _warn_lag(cfg, log)
     identity = to_json(cfg)
     # Checked now, claimed once the run is built: a run that fails before it starts (bad
     # data, a task that cannot warm-start) leaves the workdir free for the corrected command.
     workdir = multihost.leader_first(
         "workdir", lambda: checkpoint.ensure_workdir(workdir, identity, where=WHERE, claim=False)
     )
-    mesh = sharding.make_mesh(*cfg.mesh.resolve(jax.device_count()))
+    mesh, sampler_mesh = meshes(cfg)
     model_config, params, tokenizer = build_model(cfg, mesh)
     task = multihost.leader_first("data", lambda: load_task(cfg, tokenizer, workdir / "data"))
     split = cfg.eval.split
@@ -226,7 +241,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
-    step_fn, sampler = step_and_sampler(cfg, model_config, mesh, state, task)
+    step_fn, sampler = step_and_sampler(cfg, model_config, mesh, state, task, sampler_mesh)
     multihost.leader_first(
         "claim", lambda: checkpoint.ensure_workdir(workdir, identity, where=WHERE)
     )
@@ -253,5 +268,60 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         pool=pool,
         base_key=jax.random.key(cfg.seed),
         log=log,
+        sample_sharding=NamedSharding(sampler_mesh or mesh, P(sharding.RULES["batch"])),
+        to_sampler=_to_sampler(sampler_mesh),
     )
     return components, state
+
+
+def meshes(cfg: TrainConfig) -> tuple[Mesh, Mesh | None]:
+    """(the training mesh, the sampling group's data-parallel mesh or None): with
+    mesh.sampler_devices = s, the first s devices sample and the others train."""
+    devices = jax.devices()
+    s = cfg.mesh.sampler_devices
+    if s and jax.process_count() > 1:
+        raise ValueError(
+            "`config.mesh.sampler_devices` splits this process's devices into a sampling and "
+            "a training group; multi-host runs do not support it yet. Set it to 0."
+        )
+    train = devices[s:]
+    mesh = sharding.make_mesh(*cfg.mesh.resolve(len(train)), devices=train)
+    return mesh, (sharding.make_mesh(s, 1, 1, devices=devices[:s]) if s else None)
+
+
+def _to_sampler(sampler_mesh: Mesh | None) -> Callable:
+    """params -> the sampling group's copy (same specs; its fsdp and tensor axes are 1)."""
+    if sampler_mesh is None:
+        return lambda params: params
+
+    def copy(params):
+        return jax.tree.map(
+            lambda x: jax.device_put(x, NamedSharding(sampler_mesh, x.sharding.spec)), params
+        )
+
+    return copy
+
+
+def _warn_lag(cfg: TrainConfig, log) -> None:
+    """Says, once per run, what a stale rollout's correction leaves biased (never silently)."""
+    rl = cfg.rl
+    if not rl.policy_lag:
+        return
+    how = {
+        "NONE": "uses them as if on-policy (no correction): the gradient is biased",
+        "TIS": (
+            f"weights each sample by its own ratio truncated at {rl.tis_cap}: biased by the "
+            "truncation"
+            + (
+                ", and for this k-sample objective even untruncated (the other samples' "
+                "ratios are ignored); lag_correction=EXACT is unbiased"
+                if cfg.objective.objective is not Objective.MEAN
+                else ""
+            )
+        ),
+        "EXACT": "re-weights them exactly (unbiased; untruncated ratios, so higher variance)",
+    }[rl.lag_correction.name]
+    log(
+        f"note: rl.policy_lag={rl.policy_lag}: each rollout comes from the parameters of "
+        f"{rl.policy_lag} update(s) ago, and rl.lag_correction={rl.lag_correction.name} {how}."
+    )

@@ -28,10 +28,12 @@ from kjax.rl.objective_config import (
     Objective,
     ObjectiveConfig,
     RewardSource,
+    lag_exact_problem,
     offpolicy_estimator_names,
 )
 from kjax.rl.step_config import (
     KLEstimator,
+    LagCorrection,
     LossAggregation,
     OffPolicyMaxAtK,
     OptimizerConfig,
@@ -59,6 +61,7 @@ __all__ = [
     "KLEstimator",
     "KSchedule",
     "KScheduleKind",
+    "LagCorrection",
     "LossAggregation",
     "RewardSource",
     "MathConfig",
@@ -218,11 +221,18 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Mesh axis sizes; one may be -1 (the remaining devices)."""
+    """Mesh axis sizes of the training mesh; one may be -1 (the remaining devices).
+
+    sampler_devices: 0 (the sampler runs on the training mesh), or the number of devices
+      (the first ones) of a separate sampling group, data-parallel, which samples step
+      t + rl.policy_lag's rollouts while the other devices run step t's update; the
+      training mesh is then made of the remaining devices.
+    """
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    sampler_devices: int = 0
 
     def __post_init__(self):
         sizes = [self.data, self.fsdp, self.tensor]
@@ -232,9 +242,22 @@ class MeshConfig:
             "sizes must be >= 1 with at most one -1",
             sizes,
         )
+        check_int(self.sampler_devices, "config.mesh.sampler_devices", 0)
+
+    def training_devices(self, devices: int) -> int:
+        """Devices of the training mesh out of `devices` in all."""
+        need(
+            self.sampler_devices < devices,
+            "mesh.sampler_devices",
+            f"must leave devices to train on (there are {devices}); lower it, or set 0 to "
+            "sample on the training mesh",
+            self.sampler_devices,
+        )
+        return devices - self.sampler_devices
 
     def resolve(self, devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) with -1 filled in for `devices`; the one mesh resolution."""
+        """(data, fsdp, tensor) with -1 filled in for `devices` (the training mesh's, after
+        training_devices); the one mesh resolution."""
         sizes = [self.data, self.fsdp, self.tensor]
         known = math.prod(s for s in sizes if s != -1)
         need(devices % known == 0, "mesh", f"does not divide the {devices} devices", sizes)
@@ -300,6 +323,35 @@ class TrainConfig:
             self.task,
         )
 
+    def _check_lag(self, devices: int) -> None:
+        """A stale rollout's correction against the objective; the sampling group."""
+        rl = self.rl
+        if rl.lag_correction is LagCorrection.EXACT:
+            problem = lag_exact_problem(self.objective)
+            need(
+                problem is None,
+                "rl.lag_correction",
+                f"is EXACT but {problem}. Choose rl.lag_correction=TIS (with rl.tis_cap; "
+                "biased: each sample's own truncated ratio, the others' ignored), NONE "
+                "(biased: no correction), or rl.policy_lag=0",
+                rl.lag_correction.name,
+            )
+        sampler = self.mesh.sampler_devices
+        if sampler:
+            need(
+                self.eval.problems % sampler == 0,
+                "eval.problems",
+                f"must be a multiple of mesh.sampler_devices={sampler} (the sampling group "
+                "evaluates too)",
+                self.eval.problems,
+            )
+            need(
+                self.batch_prompts % sampler == 0,
+                "batch_prompts",
+                f"must be a multiple of mesh.sampler_devices={sampler}",
+                self.batch_prompts,
+            )
+
     def ks(self) -> tuple[int, ...]:
         """Every k the objective takes during the run (one entry for MEAN and mixtures)."""
         return self.k_schedule.values() if self.k_schedule is not None else (self.objective.k,)
@@ -362,6 +414,8 @@ class TrainConfig:
             "fine-tune on); set sft.steps=0, or warm-start another way (model.kind, model.path)",
             self.sft.steps,
         )
+        self._check_lag(devices)
+        devices = self.mesh.training_devices(devices)
         batch_devices = self.mesh.batch_devices(devices)
         parts = self.rl.minibatches * self.rl.microbatches * batch_devices
         need(

@@ -8,7 +8,9 @@ exactly what an uninterrupted one does. The pieces come from kjax.rl.components.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -16,6 +18,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from kjax import evaluation, objectives
 from kjax import progress as progress_lib
@@ -31,6 +35,7 @@ from kjax.rl.train_step import RLBatch, TrainState
 __all__ = [
     "Batches",
     "Components",
+    "Prepared",
     "Rollout",
     "build_components",
     "eval_key",
@@ -40,7 +45,9 @@ __all__ = [
     "evals_of",
     "fill_batch",
     "finite_or_raise",
+    "lagged_step",
     "postfix",
+    "prepare",
     "pseudo_label_stats",
     "resume",
     "rl_step",
@@ -85,14 +92,25 @@ class Batches:
         return examples
 
 
-def rollout(
+class _Sampling(NamedTuple):
+    """A dispatched sampler call (device arrays in flight) and what finishing it needs."""
+
+    examples: Sequence[dict]
+    prompts: np.ndarray
+    prompt_mask: np.ndarray
+    out: object  # kjax.sampling.Rollouts of device arrays
+    start: float
+
+
+def dispatch_rollout(
     c: Components, params, examples: Sequence[dict], key, n: int, temperature: float
-) -> Rollout:
-    """Samples n per prompt on device and verifies on the host (each host its own rows)."""
+) -> _Sampling:
+    """Starts sampling n per prompt on the sampler's devices; returns without waiting.
+    params: the sampler's own (c.to_sampler's output)."""
     t0 = time.perf_counter()
     prompts, pmask = task_lib.prompt_batch(c.task, examples)
-    sh = c.batch_sharding
-    ro = c.sampler(
+    sh = c.sample_sharding
+    out = c.sampler(
         params,
         multihost.put(prompts, sh),
         multihost.put(pmask, sh),
@@ -100,11 +118,26 @@ def rollout(
         jnp.float32(temperature),
         n=n,
     )
-    tokens, mask = evaluation.to_host(ro.tokens), evaluation.to_host(ro.mask)
+    return _Sampling(examples, prompts, pmask, out, t0)
+
+
+def finish_rollout(c: Components, s: _Sampling) -> Rollout:
+    """Waits for a dispatched sampling, copies it to the host and verifies it."""
+    tokens, mask = evaluation.to_host(s.out.tokens), evaluation.to_host(s.out.mask)
     t1 = time.perf_counter()
-    verdicts = verify(c, examples, tokens, mask)
-    seconds = (t1 - t0, time.perf_counter() - t1)
-    return Rollout(prompts, pmask, tokens, mask, ro.logprobs, verdicts, seconds)
+    verdicts = verify(c, s.examples, tokens, mask)
+    seconds = (t1 - s.start, time.perf_counter() - t1)
+    return Rollout(s.prompts, s.prompt_mask, tokens, mask, s.out.logprobs, verdicts, seconds)
+
+
+def rollout(
+    c: Components, params, examples: Sequence[dict], key, n: int, temperature: float
+) -> Rollout:
+    """Samples n per prompt on device and verifies on the host (each host its own rows).
+    params: on the training mesh (copied to the sampling group when there is one)."""
+    return finish_rollout(
+        c, dispatch_rollout(c, c.to_sampler(params), examples, key, n, temperature)
+    )
 
 
 def verify(c: Components, examples: Sequence[dict], tokens: np.ndarray, mask: np.ndarray):
@@ -165,26 +198,54 @@ def fill_batch(candidates: list[dict], size: int, dynamic: bool) -> tuple[dict, 
     return batch, min(size, int(sum(m.sum() for m in informative)))
 
 
-def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainState, dict]:
-    """One RL step from state.step: rollouts (refilled under dynamic sampling), advantages,
-    the jitted update. Returns (new state, JSON-able metrics row)."""
-    cfg, step = c.cfg, int(state.step)
+class Prepared(NamedTuple):
+    """The rollouts of RL step `step`, verified, with advantages, ready for its update.
+
+    batch: RLBatch's fields as host arrays (B = batch_prompts rows); kept: informative
+    groups; sample_batches: prompt batches drawn (refills included); timing: seconds of
+    sample / verify / advantages; tallies: the verifier's counts; votes: pseudo-label
+    stats of each drawn batch (label-free rewards).
+    """
+
+    step: int
+    batch: dict
+    kept: int
+    sample_batches: int
+    timing: dict
+    tallies: dict
+    votes: list
+
+
+def begin_prepare(c: Components, params, batches: Batches, step: int) -> tuple[int, _Sampling]:
+    """Dispatches the first sampling of step `step`'s rollouts from `params` (the
+    sampler's copy); finish with end_prepare. Draws the step's first prompt batch."""
+    key = jax.random.fold_in(jax.random.fold_in(c.base_key, step), 0)
+    cfg = c.cfg
+    return step, dispatch_rollout(c, params, next(batches), key, cfg.samples, cfg.temperature)
+
+
+def end_prepare(c: Components, params, batches: Batches, begun) -> Prepared:
+    """Finishes begin_prepare's sampling: verifies, computes the advantages with step's k,
+    and refills under dynamic sampling (drawing from `params` again) until the batch holds
+    batch_prompts informative groups or _MAX_REFILLS prompt batches were drawn."""
+    cfg, (step, sampling) = c.cfg, begun
     k = cfg.k_at(step)
-    t0 = time.perf_counter()
     key = jax.random.fold_in(c.base_key, step)
     timing = {"sample": 0.0, "verify": 0.0, "advantages": 0.0}
     tallies: dict[str, int] = {}  # the verifier's counts over this step's rollouts
     votes: list[dict] = []  # label-free rewards: how good each rollout batch's labels were
     candidates = []
     for attempt in range(_MAX_REFILLS):
-        ro = rollout(
-            c,
-            state.params,
-            next(batches),
-            jax.random.fold_in(key, attempt),
-            cfg.samples,
-            cfg.temperature,
-        )
+        if attempt:
+            sampling = dispatch_rollout(
+                c,
+                params,
+                next(batches),
+                jax.random.fold_in(key, attempt),
+                cfg.samples,
+                cfg.temperature,
+            )
+        ro = finish_rollout(c, sampling)
         t = time.perf_counter()
         v = ro.verdicts
         adv = np.asarray(
@@ -217,13 +278,90 @@ def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainSt
         batch, kept = fill_batch(candidates, cfg.batch_prompts, cfg.dynamic_sampling)
         if kept >= cfg.batch_prompts:
             break
-    batch = RLBatch(**{n: multihost.put(a, c.batch_sharding) for n, a in batch.items()})
+    return Prepared(step, batch, kept, len(candidates), timing, tallies, votes)
+
+
+def prepare(c: Components, params, batches: Batches, step: int) -> Prepared:
+    """Step `step`'s rollouts from params (on the training mesh), ready for its update."""
+    own = c.to_sampler(params)
+    return end_prepare(c, own, batches, begin_prepare(c, own, batches, step))
+
+
+def dispatch_update(c: Components, state: TrainState, p: Prepared):
+    """Starts the jitted update of state with prepared rollouts; returns (new state,
+    metrics as device arrays, the dispatch time). Donates state."""
+    batch = RLBatch(**{n: multihost.put(a, c.batch_sharding) for n, a in p.batch.items()})
     t = time.perf_counter()
-    state, metrics = c.step_fn(state, batch, c.ref_params, np.int32(k))
+    new_state, metrics = c.step_fn(state, batch, c.ref_params, np.int32(c.cfg.k_at(p.step)))
+    return new_state, metrics, t
+
+
+def finish_update(c: Components, p: Prepared, metrics, t_update: float, t0: float) -> dict:
+    """Waits for an update's metrics; the step's JSON-able row."""
     metrics = {n: float(x) for n, x in jax.device_get(metrics).items()}
-    timing["update"] = time.perf_counter() - t
+    timing = {**p.timing, "update": time.perf_counter() - t_update}
     timing["step"] = time.perf_counter() - t0
-    return state, step_row(cfg, step, metrics, kept, len(candidates), timing, tallies, votes)
+    return step_row(
+        c.cfg, p.step, metrics, p.kept, p.sample_batches, timing, p.tallies, p.votes
+    )
+
+
+def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainState, dict]:
+    """One synchronous RL step from state.step: rollouts (refilled under dynamic
+    sampling), advantages, the jitted update. Returns (new state, JSON-able metrics row)."""
+    t0 = time.perf_counter()
+    p = prepare(c, state.params, batches, int(state.step))
+    state, metrics, t = dispatch_update(c, state, p)
+    return state, finish_update(c, p, metrics, t, t0)
+
+
+def lagged_step(
+    c: Components, state: TrainState, batches: Batches, pending: collections.deque
+) -> tuple[TrainState, dict]:
+    """One RL step at rl.policy_lag = d: updates with the oldest pending rollouts (drawn
+    d steps ago) and samples step t + d's from the current parameters. With a sampling
+    group (mesh.sampler_devices) the sampling is dispatched first and runs while the update
+    does; on one group they run one after the other (the same results). `pending` holds
+    the rollouts of steps t .. t + d - 1 on entry and t + 1 .. t + d on return."""
+    cfg, t = c.cfg, int(state.step)
+    t0 = time.perf_counter()
+    ahead = t + cfg.rl.policy_lag
+    begun = None
+    if ahead < cfg.steps:
+        own = c.to_sampler(state.params)
+        begun = own, begin_prepare(c, own, batches, ahead)
+        if not c.overlaps:  # the update donates state.params, which this sampling reads
+            pending.append(end_prepare(c, own, batches, begun[1]))
+            begun = None
+    p = pending.popleft()
+    if p.step != t:
+        raise RuntimeError(f"pending rollouts are for step {p.step}, not {t}")  # a kjax bug
+    state, metrics, t_update = dispatch_update(c, state, p)
+    spans = {}
+    if begun is not None:  # overlapped: when each group's program was in flight
+        ready = {}
+        waiter = threading.Thread(
+            target=lambda: ready.setdefault("update", (jax.block_until_ready(metrics),
+                                                       time.perf_counter())[1])
+        )  # fmt: skip
+        waiter.start()
+        pending.append(end_prepare(c, begun[0], batches, begun[1]))
+        sample_ready = time.perf_counter()
+        waiter.join()
+        spans = {
+            "sample_dispatched": begun[1][1].start - t0,
+            "sample_ready": sample_ready - t0,
+            "update_dispatched": t_update - t0,
+            "update_ready": ready["update"] - t0,
+        }
+        spans["overlap"] = max(
+            0.0,
+            min(spans["sample_ready"], spans["update_ready"])
+            - max(spans["sample_dispatched"], spans["update_dispatched"]),
+        )
+    row = finish_update(c, p, metrics, t_update, t0)
+    row.update({f"time/{n}": v for n, v in spans.items()})
+    return state, row
 
 
 def step_row(
@@ -273,18 +411,70 @@ def pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
     return {n: float(x) for n, x in jax.device_get(stats).items()}
 
 
-def resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position]:
-    """The newest checkpoint's state and data position, else the initial ones. metrics.jsonl
-    keeps the rows up to the checkpoint's step and drops the rest, which are about to be
-    redone; with no checkpoint that is every row (a run killed before its first save had
-    already written its step-0 evaluation, and a restart writes it again)."""
+def resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position, collections.deque]:
+    """The newest checkpoint's state, data position and pending rollouts (rl.policy_lag >
+    0: those drawn ahead for the next steps), else the initial ones. metrics.jsonl keeps
+    the rows up to the checkpoint's step and drops the rest, which are about to be redone;
+    with no checkpoint that is every row (a run killed before its first save had already
+    written its step-0 evaluation, and a restart writes it again)."""
     if c.checkpointer.latest_step() is None:
         c.metrics.resume(-1)  # no row is kept, step 0's included
-        return state, loader.Position()
-    state, meta = c.checkpointer.restore(state)
+        return state, loader.Position(), collections.deque()
+    if c.cfg.rl.policy_lag:
+        infos = c.checkpointer.meta()["pending"]
+        like = {"train": state, "pending": [_pending_like(c, i) for i in infos]}
+        tree, meta = c.checkpointer.restore(like)
+        state = tree["train"]
+        pending = collections.deque(
+            _unpack_pending(i, a) for i, a in zip(infos, tree["pending"], strict=True)
+        )
+    else:
+        (state, meta), pending = c.checkpointer.restore(state), collections.deque()
     c.metrics.resume(int(state.step))
     c.log(f"resumed from step {int(state.step)} in {c.workdir}")
-    return state, loader.Position(**meta["position"])
+    return state, loader.Position(**meta["position"]), pending
+
+
+def _pending_like(c: Components, info: dict) -> dict:
+    replicated = NamedSharding(c.mesh, P())
+    return {
+        n: jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=replicated)
+        for n, (shape, dtype) in info["arrays"].items()
+    }
+
+
+def _unpack_pending(info: dict, arrays: dict) -> Prepared:
+    batch = {n: evaluation.to_host(arrays[n]) for n in info["arrays"]}
+    return Prepared(
+        info["step"], batch, info["kept"], info["sample_batches"], info["timing"],
+        info["tallies"], info["votes"],
+    )  # fmt: skip
+
+
+def save(c: Components, step: int, state: TrainState, batches: Batches, pending, force: bool):
+    """Checkpoints state after `step` RL steps with the data position and, under
+    rl.policy_lag, the pending rollouts (whose prompts the position has passed)."""
+    meta = {"position": dataclasses.asdict(batches.position)}
+    if not c.cfg.rl.policy_lag:
+        c.checkpointer.save(step, state, meta, force=force)
+        return
+    if not c.checkpointer.due(step, force=force):
+        return
+    replicated = NamedSharding(c.mesh, P())
+    meta["pending"] = [
+        {
+            "step": p.step,
+            "kept": p.kept,
+            "sample_batches": p.sample_batches,
+            "timing": p.timing,
+            "tallies": p.tallies,
+            "votes": p.votes,
+            "arrays": {n: [list(a.shape), str(a.dtype)] for n, a in p.batch.items()},
+        }
+        for p in pending
+    ]
+    arrays = [{n: jax.device_put(a, replicated) for n, a in p.batch.items()} for p in pending]
+    c.checkpointer.save(step, {"train": state, "pending": arrays}, meta, force=force)
 
 
 def postfix(row: dict, last_eval: dict, n_eval: int) -> dict[str, str]:
@@ -304,17 +494,24 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
     cfg = c.cfg
     bar = None
     try:
-        state, position = resume(c, state)
+        state, position, pending = resume(c, state)
         start = int(state.step)
         batches = Batches(c.task.train, cfg.batch_prompts, cfg.seed, position)
         last_eval = {}
         if start == 0:
             last_eval = evaluate(c, state.params)
             c.metrics.write({"step": 0, **last_eval})
+        lag = cfg.rl.policy_lag
+        if lag and start == 0:  # the first lag steps' rollouts come from the initial params
+            for ahead in range(min(lag, cfg.steps)):
+                pending.append(prepare(c, state.params, batches, ahead))
         show = progress and multihost.is_leader()
         bar = progress_lib.progress(cfg.steps, start, cfg.name, enabled=show)
         for step in range(start, cfg.steps):
-            state, row = rl_step(c, state, batches)
+            if lag:
+                state, row = lagged_step(c, state, batches, pending)
+            else:
+                state, row = rl_step(c, state, batches)
             finite_or_raise(c, row)
             if (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.steps:
                 last_eval = evaluate(c, state.params)
@@ -322,8 +519,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
             c.metrics.write(row)
             bar.update(1)
             bar.set_postfix(**postfix(row, last_eval, cfg.eval.n_eval))
-            meta = {"position": dataclasses.asdict(batches.position)}
-            c.checkpointer.save(step + 1, state, meta, force=step + 1 == cfg.steps)
+            save(c, step + 1, state, batches, pending, force=step + 1 == cfg.steps)
         c.checkpointer.wait()
     finally:
         if bar is not None:

@@ -26,9 +26,10 @@ from kjax.rl.objective_config import (
     Objective,
     ObjectiveConfig,
     RewardSource,
+    lag_exact_problem,
     offpolicy_estimator_names,
 )
-from kjax.rl.step_config import OffPolicyMaxAtK, StepConfig
+from kjax.rl.step_config import LagCorrection, OffPolicyMaxAtK, StepConfig
 
 __all__ = [
     "objective_ks",
@@ -148,23 +149,34 @@ Reweight = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 def offpolicy_reweighter(
     cfg: ObjectiveConfig, step: StepConfig, ks: Sequence[int]
 ) -> Reweight | None:
-    """The function the train step calls for updates after a step's first, or None (OFF).
+    """The function the train step calls for updates after a step's first (for every
+    update under rl.lag_correction=EXACT), or None (OFF; EXACT for MEAN, whose advantages
+    stay the batch's and only the sequence ratio corrects them).
 
     reweight(scores [B,N], log_ratio [B,N], k [] int32) -> [B,N]: Bagirov et al.'s
     advantages that multiply sample i's own ratio (docs/estimators.md section 4), with
-    log_ratio = log pi_theta(y) - log pi_start(y) per sequence. k is traced: every k in
+    log_ratio = log pi_theta(y) - log pi_start(y) per sequence (pi_start: the behaviour
+    policy mu of a stale rollout under rl.lag_correction=EXACT). k is traced: every k in
     `ks` (the run's k values, e.g. KSchedule.values()) is compiled once as a branch of
     lax.switch, so a k schedule never retraces the update.
     """
-    if step.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
-        return None
     estimator = cfg.max_at_k_estimator
-    if cfg.objective is not Objective.MAX_AT_K or estimator not in OFFPOLICY_ESTIMATORS:
+    if step.lag_correction is LagCorrection.EXACT:
+        problem = lag_exact_problem(cfg)
+        if problem is not None:
+            raise ValueError(f"`rl.lag_correction`=EXACT: {problem}.")
+        if cfg.objective is Objective.MEAN:
+            return None  # the baseline is independent of y_i: the sequence ratio suffices
+        exact = True
+    elif step.offpolicy_max_at_k is OffPolicyMaxAtK.OFF:
+        return None
+    elif cfg.objective is not Objective.MAX_AT_K or estimator not in OFFPOLICY_ESTIMATORS:
         raise ValueError(
             f"`rl.offpolicy_max_at_k` needs objective MAX_AT_K with estimator "
             f"{offpolicy_estimator_names()}; got {cfg.objective.name} / {estimator.name}."
         )
-    exact = step.offpolicy_max_at_k is OffPolicyMaxAtK.EXACT
+    else:
+        exact = step.offpolicy_max_at_k is OffPolicyMaxAtK.EXACT
     ks = tuple(sorted(set(ks)))
 
     def branch(k):

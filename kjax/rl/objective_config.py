@@ -110,6 +110,32 @@ OFFPOLICY_ESTIMATORS: frozenset[MaxAtKEstimator] = frozenset(
 )
 
 
+def lag_exact_problem(cfg: "ObjectiveConfig") -> str | None:
+    """Why rl.lag_correction=EXACT cannot make stale rollouts exact for objective cfg, or
+    None when it can: MEAN with a baseline that does not depend on y_i (sequence ratio
+    alone), MAX_AT_K with an estimator of OFFPOLICY_ESTIMATORS (the others' ratios too);
+    rewards from the verifier in both (a vote's pseudo-label depends on every sample)."""
+    if cfg.reward is not RewardSource.VERIFIER:
+        return f"objective.reward={cfg.reward.name} scores each sample by the group's vote"
+    if cfg.objective is Objective.MEAN:
+        if cfg.mean_baseline in (MeanBaseline.RLOO, MeanBaseline.SHRINKAGE):
+            return None
+        return (
+            f"objective.mean_baseline={cfg.mean_baseline.name} includes the sample's own "
+            "reward (use RLOO or SHRINKAGE)"
+        )
+    if cfg.objective is Objective.MAX_AT_K:
+        if cfg.max_at_k_shrinkage:
+            return "objective.max_at_k_shrinkage has no exact off-policy form"
+        if cfg.max_at_k_estimator in OFFPOLICY_ESTIMATORS:
+            return None
+        return (
+            f"objective.max_at_k_estimator={cfg.max_at_k_estimator.name} has no exact "
+            f"off-policy form (use {offpolicy_estimator_names(' / ')})"
+        )
+    return f"objective {cfg.objective.name} has no exact off-policy form in kjax"
+
+
 def offpolicy_estimator_names(sep: str = " / ") -> str:
     """The names of OFFPOLICY_ESTIMATORS in MaxAtKEstimator's order, joined by sep."""
     return sep.join(e.name for e in MaxAtKEstimator if e in OFFPOLICY_ESTIMATORS)

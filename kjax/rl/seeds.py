@@ -23,7 +23,8 @@ Differences from separate runs:
   that step is saved; its result is the FloatingPointError) while the others go on.
 - Seeds resumed at different steps are trained in groups, one group per resume step.
 - Not supported (ValueError naming the field): dynamic_sampling (a seed's refills would
-  break the lockstep), verifier_workers > 0, several processes.
+  break the lockstep), verifier_workers > 0, rl.policy_lag > 0, mesh.sampler_devices > 0,
+  several processes.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def unsupported(cfg: TrainConfig) -> str | None:
         return (
             "verifier_workers > 0 is not supported in lockstep; set verifier_workers=0 or "
             "use train_and_evaluate."
+        )
+    if cfg.rl.policy_lag:
+        return (
+            "rl.policy_lag > 0 keeps each run's rollouts of the next steps pending, which "
+            "the lockstep does not carry; train it with train_and_evaluate."
+        )
+    if cfg.mesh.sampler_devices:
+        return (
+            "mesh.sampler_devices > 0 (a separate sampling group) is not supported in "
+            "lockstep; set it to 0 or use train_and_evaluate."
         )
     if jax.process_count() > 1:
         return "it runs in one process; use train_and_evaluate on multihost."
@@ -297,7 +308,7 @@ def train_seeds(
             with timer("build"):
                 c, state = build_components(cfg, workdir, log)
                 comps.append(c)
-                state, position = loop.resume(c, state)
+                state, position, _ = loop.resume(c, state)
                 jax.block_until_ready(state)
             states.append(state)
             positions.append(position)

@@ -84,6 +84,30 @@ class OffPolicyMaxAtK(enum.Enum):
     LINEAR = "linear"
 
 
+class LagCorrection(enum.Enum):
+    """How an update corrects rollouts drawn `policy_lag` = d updates ago (asynchronous RL:
+    the rollout of step t comes from the parameters of step t - d, the behaviour policy mu,
+    whose log-probs arrive as the batch's sampler_logprobs).
+
+    NONE   the rollout is used as if on-policy. Biased for every objective once d > 0.
+    TIS    truncated importance weights min(pi_theta / mu, tis_cap) per token (or per
+           sequence), what verl, prime-rl and NeMo-RL do for the mean objective. Biased by
+           the truncation, and for a k-sample objective biased even untruncated: each sample
+           gets its own ratio while max@k's advantage of y_i depends on the OTHER samples,
+           which were drawn from mu too.
+    EXACT  every update re-weights the advantages by the others' sequence ratios against mu
+           (Bagirov et al.'s exact off-policy max@k, kjax/objectives/offpolicy.py) and
+           multiplies sample i's own score function by its sequence ratio rho_i = pi_theta(y_i)
+           / mu(y_i): the expected update is grad J_k of the current policy, for any d.
+           Objective MEAN with a baseline that does not depend on y_i (RLOO, SHRINKAGE) needs
+           only rho_i. Untruncated, so its variance grows with how far pi_theta is from mu.
+    """
+
+    NONE = "none"
+    TIS = "tis"
+    EXACT = "exact"
+
+
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """How one rollout batch becomes updates: epochs x minibatches optimizer updates,
@@ -101,6 +125,10 @@ class StepConfig:
       per token, or per sample of the sequence ratio with ratio_level=SEQUENCE.
     offpolicy_max_at_k, offpolicy_clamp: see OffPolicyMaxAtK; the clamp truncates the
       others' ratio products (None: untruncated).
+    policy_lag: d >= 0, the staleness of the rollouts: step t's come from the parameters of
+      step t - d (the first d steps' from the initial ones). 0 is the synchronous loop.
+    lag_correction: LagCorrection, how the update corrects that staleness (TIS reads
+      tis_cap; EXACT needs PG, or PPO with ratio_level=SEQUENCE, and no tis_cap).
     """
 
     loss: PolicyLoss = PolicyLoss.PG
@@ -117,11 +145,15 @@ class StepConfig:
     tis_cap: float | None = None
     offpolicy_max_at_k: OffPolicyMaxAtK = OffPolicyMaxAtK.OFF
     offpolicy_clamp: float | None = None
+    policy_lag: int = 0
+    lag_correction: LagCorrection = LagCorrection.NONE
 
     def __post_init__(self):
         coerce_enums(self, "rl.")
         for field in ("epochs", "minibatches", "microbatches"):
             check_int(getattr(self, field), f"rl.{field}", 1)
+        check_int(self.policy_lag, "rl.policy_lag", 0)
+        self._check_lag()
         if self.loss is PolicyLoss.PG and (self.epochs > 1 or self.minibatches > 1):
             raise ValueError(
                 f"`rl.loss`=PG with rl.epochs={self.epochs}, rl.minibatches={self.minibatches}: "
@@ -178,6 +210,42 @@ class StepConfig:
                 "completions longer than one token. Set rl.ratio_level=SEQUENCE."
             )
 
+    def _check_lag(self) -> None:
+        fix = "set rl.lag_correction to NONE, TIS or EXACT (LagCorrection explains each)"
+        if self.lag_correction is LagCorrection.TIS and self.tis_cap is None:
+            raise ValueError(
+                "`rl.lag_correction`=TIS truncates the importance weights at rl.tis_cap, which "
+                "is unset. Set rl.tis_cap (e.g. 2.0), or choose another correction."
+            )
+        if self.lag_correction is LagCorrection.NONE and self.tis_cap is not None:
+            if self.policy_lag > 0:
+                raise ValueError(
+                    f"`rl.tis_cap`={self.tis_cap!r} with rl.policy_lag={self.policy_lag} and "
+                    "rl.lag_correction=NONE: say which correction you mean; set "
+                    "rl.lag_correction=TIS to weight the stale rollouts by their truncated "
+                    "ratios, or unset rl.tis_cap."
+                )
+        if self.lag_correction is not LagCorrection.EXACT:
+            return
+        if self.tis_cap is not None:
+            raise ValueError(
+                "`rl.lag_correction`=EXACT weights each sample by its untruncated sequence "
+                f"ratio; rl.tis_cap={self.tis_cap!r} would truncate it. Unset rl.tis_cap, or "
+                f"{fix}."
+            )
+        if self.loss is PolicyLoss.PPO and self.ratio_level is not RatioLevel.SEQUENCE:
+            raise ValueError(
+                "`rl.lag_correction`=EXACT with rl.loss=PPO needs rl.ratio_level=SEQUENCE: "
+                "the re-weighted advantage multiplies each sample's sequence ratio "
+                "pi_theta(y) / mu(y), which a per-token ratio is not once T > 1."
+            )
+        if self.offpolicy_max_at_k is OffPolicyMaxAtK.LINEAR:
+            raise ValueError(
+                "`rl.lag_correction`=EXACT re-weights every update exactly; "
+                "rl.offpolicy_max_at_k=LINEAR would approximate the later ones. Set it to "
+                "EXACT or OFF (the same exact re-weighting applies to every update)."
+            )
+
     @property
     def updates(self) -> int:
         """Optimizer updates per rollout batch."""
@@ -185,7 +253,19 @@ class StepConfig:
 
     @property
     def needs_old_logprobs(self) -> bool:
+        """Whether the update needs the step's starting policy's log-probs (PPO's ratio, TIS).
+        With lag_correction=EXACT the ratio's denominator is the behaviour policy, whose
+        log-probs the batch carries (sampler_logprobs), so none are computed."""
+        if self.lag_correction is LagCorrection.EXACT:
+            return False
         return self.loss is PolicyLoss.PPO or self.tis_cap is not None
+
+    @property
+    def reweights(self) -> bool:
+        """Whether the update replaces the batch's advantages with off-policy ones (an
+        exact lag correction, or off-policy max@k after a step's first update)."""
+        exact_lag = self.lag_correction is LagCorrection.EXACT
+        return exact_lag or self.offpolicy_max_at_k is not OffPolicyMaxAtK.OFF
 
 
 # ---------------------------------------------------------------------------- optimizer

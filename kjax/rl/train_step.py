@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import sharding
 from kjax.models.config import LlamaConfig
 from kjax.rl import forward, losses
-from kjax.rl.step_config import OffPolicyMaxAtK, PolicyLoss, StepConfig
+from kjax.rl.step_config import LagCorrection, OffPolicyMaxAtK, PolicyLoss, StepConfig
 
 __all__ = [
     "PolicyLoss",
@@ -33,6 +33,7 @@ __all__ = [
     "TrainState",
     "init_train_state",
     "loss_fn",
+    "loss_of_logprobs",
     "make_train_step",
     "optimizer_shardings",
     "shardings_of",
@@ -118,6 +119,12 @@ def loss_fn(
     reweight(scores, log_ratio, k) with log_ratio [B,N] the stop-gradient sequence
     log-ratio of logp against old_logprobs.
 
+    With cfg.lag_correction=EXACT (stale rollouts, StepConfig.policy_lag) old_logprobs is
+    batch.sampler_logprobs, the behaviour policy mu's, whatever is passed; every update
+    uses reweight(scores, log_ratio, k) (the batch's advantages when reweight is None:
+    MEAN), and PG weights sample i by its sequence ratio w_i = exp(log_ratio_i), so the
+    expected gradient is sum_i rho_i A'_i grad log pi(y_i) = grad J_k at params.
+
     Args:
       params: the policy's params (kjax.models.llama layout); the only differentiated input.
       batch: RLBatch: prompts/prompt_mask [B,S], tokens/mask/sampler_logprobs [B,N,T],
@@ -139,16 +146,6 @@ def loss_fn(
     Returns:
       (loss [] float32, metrics: dict of [] float32, the losses' metrics plus "loss").
     """
-    if cfg.needs_old_logprobs and old_logprobs is None:
-        raise ValueError(
-            f"loss_fn: rl.loss={cfg.loss.name} / rl.tis_cap={cfg.tis_cap!r} needs "
-            "old_logprobs [B,N,T] (the step's starting policy)."
-        )
-    if cfg.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("loss_fn: rl.kl_coef > 0 needs ref_logprobs [B,N,T].")
-    if reweight is not None and (k is None or old_logprobs is None):
-        raise ValueError("loss_fn: `reweight` needs k and old_logprobs.")
-    agg = dict(aggregation=cfg.aggregation, max_len=batch.tokens.shape[-1])
     stats = forward.completion_logprobs(
         params,
         model_config,
@@ -159,19 +156,67 @@ def loss_fn(
         with_entropy=cfg.entropy_coef > 0,
         temperature=float(temperature),
     )
-    logp, metrics = stats.logprobs, {}
+    return loss_of_logprobs(
+        stats.logprobs,
+        batch,
+        cfg,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        k=k,
+        first=first,
+        reweight=reweight,
+        entropy=stats.entropy,
+    )
+
+
+def loss_of_logprobs(
+    logp: jax.Array,
+    batch: RLBatch,
+    cfg: StepConfig,
+    *,
+    old_logprobs: jax.Array | None = None,
+    ref_logprobs: jax.Array | None = None,
+    k: jax.Array | int | None = None,
+    first: jax.Array | bool = True,
+    reweight: Reweight | None = None,
+    entropy: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """loss_fn after the forward: the loss of the policy whose token log-probs of
+    batch.tokens are logp [B,N,T] (differentiated), entropy [B,N,T] its token entropies
+    (read when cfg.entropy_coef > 0). Every other argument is loss_fn's; the exactness
+    tests differentiate this through tabular policies.
+    """
+    exact_lag = cfg.lag_correction is LagCorrection.EXACT
+    if exact_lag:  # the ratio's denominator is the behaviour policy that drew the rollout
+        old_logprobs = batch.sampler_logprobs
+    if cfg.needs_old_logprobs and old_logprobs is None:
+        raise ValueError(
+            f"loss_fn: rl.loss={cfg.loss.name} / rl.tis_cap={cfg.tis_cap!r} needs "
+            "old_logprobs [B,N,T] (the step's starting policy)."
+        )
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("loss_fn: rl.kl_coef > 0 needs ref_logprobs [B,N,T].")
+    if reweight is not None and (k is None or old_logprobs is None):
+        raise ValueError("loss_fn: `reweight` needs k and old_logprobs.")
+    agg = dict(aggregation=cfg.aggregation, max_len=batch.tokens.shape[-1])
+    metrics = {}
     is_w = None
     if cfg.tis_cap is not None:
         is_w, metrics = losses.truncated_importance_weights(
             old_logprobs, batch.sampler_logprobs, batch.mask, cfg.tis_cap, cfg.ratio_level
         )
     adv = batch.advantages
-    if reweight is not None:  # later updates: the policy has moved since sampling
+    if reweight is not None or exact_lag:  # the policy has moved since sampling
         log_ratio = jax.lax.stop_gradient(
             losses.sequence_logprob(logp, batch.mask)
             - losses.sequence_logprob(old_logprobs, batch.mask)
         )
-        adv = jnp.where(first, adv, reweight(batch.scores, log_ratio, k).astype(adv.dtype))
+    if reweight is not None:
+        again = reweight(batch.scores, log_ratio, k).astype(adv.dtype)
+        adv = again if exact_lag else jnp.where(first, adv, again)
+    if exact_lag and cfg.loss is PolicyLoss.PG:  # PPO's sequence ratio carries rho_i itself
+        is_w = jnp.broadcast_to(jnp.exp(log_ratio)[..., None], logp.shape)
+        metrics["lag_ratio_max"] = jnp.max(jnp.exp(log_ratio))
     if cfg.loss is PolicyLoss.PPO:
         loss, m = losses.ppo_clip_loss(
             logp,
@@ -191,7 +236,7 @@ def loss_fn(
         kl, m = losses.kl_penalty_loss(logp, ref_logprobs, batch.mask, cfg.kl_estimator, **agg)
         loss, metrics = loss + cfg.kl_coef * kl, {**metrics, **m}
     if cfg.entropy_coef > 0:
-        ent, m = losses.entropy_loss(stats.entropy, batch.mask, **agg)
+        ent, m = losses.entropy_loss(entropy, batch.mask, **agg)
         loss, metrics = loss + cfg.entropy_coef * ent, {**metrics, **m}
     metrics["loss"] = loss
     return loss, metrics
@@ -261,7 +306,9 @@ def make_train_step(
     and old / reference log-probs are computed once per step, before the first update.
     Metrics: scalar means over updates, plus `finite`.
     """
-    if (reweight is None) != (cfg.offpolicy_max_at_k is OffPolicyMaxAtK.OFF):
+    if cfg.lag_correction is LagCorrection.EXACT:
+        pass  # reweight is None exactly for MEAN (kjax.rl.objective.offpolicy_reweighter)
+    elif (reweight is None) != (cfg.offpolicy_max_at_k is OffPolicyMaxAtK.OFF):
         raise ValueError(
             "`reweight` must be given exactly when rl.offpolicy_max_at_k is not OFF "
             f"(it is {cfg.offpolicy_max_at_k.name}); build it with "
