@@ -301,9 +301,7 @@ def finish_update(c: Components, p: Prepared, metrics, t_update: float, t0: floa
     metrics = {n: float(x) for n, x in jax.device_get(metrics).items()}
     timing = {**p.timing, "update": time.perf_counter() - t_update}
     timing["step"] = time.perf_counter() - t0
-    return step_row(
-        c.cfg, p.step, metrics, p.kept, p.sample_batches, timing, p.tallies, p.votes
-    )
+    return step_row(c.cfg, p.step, metrics, p.kept, p.sample_batches, timing, p.tallies, p.votes)
 
 
 def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainState, dict]:
@@ -411,7 +409,9 @@ def pseudo_label_stats(cfg: TrainConfig, v: Verdicts) -> dict[str, float]:
     return {n: float(x) for n, x in jax.device_get(stats).items()}
 
 
-def resume(c: Components, state: TrainState) -> tuple[TrainState, loader.Position, collections.deque]:
+def resume(
+    c: Components, state: TrainState
+) -> tuple[TrainState, loader.Position, collections.deque]:
     """The newest checkpoint's state, data position and pending rollouts (rl.policy_lag >
     0: those drawn ahead for the next steps), else the initial ones. metrics.jsonl keeps
     the rows up to the checkpoint's step and drops the rest, which are about to be redone;

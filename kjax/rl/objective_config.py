@@ -110,7 +110,7 @@ OFFPOLICY_ESTIMATORS: frozenset[MaxAtKEstimator] = frozenset(
 )
 
 
-def lag_exact_problem(cfg: "ObjectiveConfig") -> str | None:
+def lag_exact_problem(cfg: ObjectiveConfig) -> str | None:
     """Why rl.lag_correction=EXACT cannot make stale rollouts exact for objective cfg, or
     None when it can: MEAN with a baseline that does not depend on y_i (sequence ratio
     alone), MAX_AT_K with an estimator of OFFPOLICY_ESTIMATORS (the others' ratios too);
