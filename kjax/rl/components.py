@@ -310,8 +310,8 @@ def _warn_lag(cfg: TrainConfig, log) -> None:
     how = {
         "NONE": "uses them as if on-policy (no correction): the gradient is biased",
         "TIS": (
-            f"weights each sample by its own ratio truncated at {rl.tis_cap}: biased by the "
-            "truncation"
+            f"weights each token by its own ratio truncated at {rl.tis_cap}: biased (per-token "
+            "ratios are not the sequence's, and the cap truncates)"
             + (
                 ", and for this k-sample objective even untruncated (the other samples' "
                 "ratios are ignored); lag_correction=EXACT is unbiased"

@@ -91,10 +91,11 @@ class LagCorrection(enum.Enum):
 
     NONE   the rollout is used as if on-policy. Biased for every objective once d > 0.
     TIS    truncated importance weights min(pi_theta / mu, tis_cap) per token (or per
-           sequence), what verl, prime-rl and NeMo-RL do for the mean objective. Biased by
-           the truncation, and for a k-sample objective biased even untruncated: each sample
-           gets its own ratio while max@k's advantage of y_i depends on the OTHER samples,
-           which were drawn from mu too.
+           sequence), what verl, prime-rl and NeMo-RL do for the mean objective. Biased even
+           untruncated: a token's own ratio is not the sequence's once T > 1 (enumerated in
+           tests/rl/test_lag_exactness.py: 13-15% off for the mean objective with a cap that
+           never binds), and for a k-sample objective one weight per sample still misses
+           the OTHER samples' ratios, on which max@k's advantage of y_i depends.
     EXACT  every update re-weights the advantages by the others' sequence ratios against mu
            (Bagirov et al.'s exact off-policy max@k, kjax/objectives/offpolicy.py) and
            multiplies sample i's own score function by its sequence ratio rho_i = pi_theta(y_i)
