@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
 from tests import TEST_XLA_FLAGS
 
@@ -33,8 +34,14 @@ def _losses(workdir):
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
-def test_kill_9_then_rerun_is_bitwise_identical(tmp_path):
-    steps = ["--config.steps=18", "--config.optimizer.total_steps=18"]
+LAGGED = ["--config.rl.policy_lag=2", "--config.rl.lag_correction=EXACT"]
+
+
+@pytest.mark.parametrize("extra", [[], LAGGED], ids=["sync", "lag2"])
+def test_kill_9_then_rerun_is_bitwise_identical(tmp_path, extra):
+    """lag2: the checkpoint also holds the two steps' rollouts drawn ahead (from older
+    parameters) and the data position past them; the resumed run uses them, not new ones."""
+    steps = ["--config.steps=18", "--config.optimizer.total_steps=18", *extra]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     # The uninterrupted run and the one to kill run side by side (2 cores).
     uninterrupted = subprocess.Popen(
