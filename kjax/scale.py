@@ -588,3 +588,28 @@ def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatch
             decode_flops(c, shape, phases[-1][0]),
         ),
     )
+
+
+def overlap_projection(sampler_s: float, update_s: float, host_s: float = 0.0) -> dict:
+    """Projected seconds of one RL step, synchronous against asynchronous (rl.policy_lag >= 1),
+    from the sampler's and the update's projected seconds on the whole slice and the host's
+    (detokenize, verify, advantages) seconds per step.
+
+    Assumes each program's time scales as 1 / its chips (the roofline of both is per-chip
+    FLOPs and bytes, which split with B while B per chip stays whole) and ignores the
+    parameter copy to the sampling group. Returns:
+      sync:        sampler + host + update (kjax.rl.loop.rl_step).
+      one_group:   sampler + max(host, update): the same chips, the host's verification of
+                   step t + d overlapping step t's update (loop.lagged_step).
+      split:       the best split of the chips into a sampling group (fraction f) and a
+                   training group: max(sampler / f + host, update / (1 - f)), and f.
+    """
+    sync = sampler_s + host_s + update_s
+    one_group = sampler_s + max(host_s, update_s)
+    best, best_f = math.inf, 0.0
+    for i in range(1, 1000):
+        f = i / 1000
+        t = max(sampler_s / f + host_s, update_s / (1 - f))
+        if t < best:
+            best, best_f = t, f
+    return {"sync": sync, "one_group": one_group, "split": best, "split_fraction": best_f}

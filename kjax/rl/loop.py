@@ -319,7 +319,8 @@ def lagged_step(
     """One RL step at rl.policy_lag = d: updates with the oldest pending rollouts (drawn
     d steps ago) and samples step t + d's from the current parameters. With a sampling
     group (mesh.sampler_devices) the sampling is dispatched first and runs while the update
-    does; on one group they run one after the other (the same results). `pending` holds
+    does; on one group the sampler runs first and its verification (host) overlaps the
+    update. The results are the same either way. `pending` holds
     the rollouts of steps t .. t + d - 1 on entry and t + 1 .. t + d on return."""
     cfg, t = c.cfg, int(state.step)
     t0 = time.perf_counter()
@@ -328,15 +329,22 @@ def lagged_step(
     if ahead < cfg.steps:
         own = c.to_sampler(state.params)
         begun = own, begin_prepare(c, own, batches, ahead)
-        if not c.overlaps:  # the update donates state.params, which this sampling reads
-            pending.append(end_prepare(c, own, batches, begun[1]))
-            begun = None
+        if not c.overlaps:
+            # One group: the update donates state.params, which this sampling reads, so the
+            # sampler finishes first; its verification still overlaps the update (below),
+            # except under dynamic sampling, whose refills sample from these params again.
+            jax.block_until_ready(begun[1][1].out)
+            if cfg.dynamic_sampling:
+                pending.append(end_prepare(c, own, batches, begun[1]))
+                begun = None
     p = pending.popleft()
     if p.step != t:
         raise RuntimeError(f"pending rollouts are for step {p.step}, not {t}")  # a kjax bug
     state, metrics, t_update = dispatch_update(c, state, p)
     spans = {}
-    if begun is not None:  # overlapped: when each group's program was in flight
+    if begun is not None and not c.overlaps:  # verifies while the update runs
+        pending.append(end_prepare(c, begun[0], batches, begun[1]))
+    elif begun is not None:  # overlapped: when each group's program was in flight
         ready = {}
         waiter = threading.Thread(
             target=lambda: ready.setdefault("update", (jax.block_until_ready(metrics),
