@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rerun a table's headline arms from a fresh clone in a fresh venv installed from
 # constraints.txt, at the learning rates a finished run of the table chose, and compare
-# the rows and verdicts with that run (experiments.compare).
+# the rows and verdicts with that run (experiments.lab.compare).
 #
 #   bash bench/fresh_venv_check.sh TABLE RUN_DIR SEEDS "ARM,ARM,..."
 #   e.g. bash bench/fresh_venv_check.sh tang2025_table runs/tang2025 10 \
@@ -21,5 +21,5 @@ python3 -m venv "$tmp/venv"
 cd "$tmp/kjax"
 "$tmp/venv/bin/python" -m "experiments.$table" --workdir="$tmp/run" --seeds="$seeds" \
   --arms="$arms" --learning_rates="$run/$table.claims.json" > "$tmp/run.log" 2>&1
-"$tmp/venv/bin/python" -m experiments.compare --table="$table" "$run/$table.jsonl" "$tmp/run/$table.jsonl"
+"$tmp/venv/bin/python" -m experiments.lab.compare --table="$table" "$run/$table.jsonl" "$tmp/run/$table.jsonl"
 echo "fresh run: $tmp/run ($(git -C "$tmp/kjax" rev-parse --short HEAD))"

@@ -38,14 +38,14 @@ echo "{\"pytest_gpu_exit_code\": $rc}" > "$OUT/gpu_tests.json"
 # Sampler, bfloat16, 8x8 and 64x1 at S = T = 64 (tokens/s; % of the HBM roofline from the
 # datasheet bandwidth of H100/H200, else measured). No transformers comparison here.
 for model in smollm2 llama3_1b; do
-  timeout 150 $PY -m experiments.bench_sampler --model=$model --dtype=bfloat16 \
+  timeout 150 $PY -m experiments.bench.bench_sampler --model=$model --dtype=bfloat16 \
     --shapes=8x8,64x1 --repeats=3 --no-transformers --out="$OUT/sampler_$model.json" \
     > "$OUT/sampler_$model.log" 2>&1 || status=1
 done
 
 # RL-step breakdown, tokens/s and MFU (peak from the table for H100/H200), and the update's
 # loss+grad, reference (prompt repeated, full logits) vs shared-prompt path, in bfloat16.
-timeout 240 $PY -m experiments.bench_rl_step --shapes=tiny_arith,smollm2 --steps=5 \
+timeout 240 $PY -m experiments.bench.bench_rl_step --shapes=tiny_arith,smollm2 --steps=5 \
   --paths=tiny_arith,smollm2 --path_dtype=bfloat16 --path_repeats=5 \
   --out="$OUT/bench_rl_step.json" > "$OUT/bench_rl_step.log" 2>&1 || status=1
 tail -n 8 "$OUT/gpu_tests.log" "$OUT/sampler_smollm2.log" "$OUT/sampler_llama3_1b.log" \

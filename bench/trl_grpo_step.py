@@ -1,4 +1,4 @@
-"""TRL's side of experiments/bench_trl.py: GRPOTrainer steps on SmolLM2-135M-Instruct, timed.
+"""TRL's side of experiments/bench/bench_trl.py: GRPOTrainer steps on SmolLM2-135M-Instruct, timed.
 
   /tmp/trlenv/bin/python bench/trl_grpo_step.py --gguf=F.gguf --prompts=P.json \
       --num_generations=4 --max_completion_length=16 --steps=3 --out=trl.json
@@ -109,7 +109,9 @@ def arith_reward(prompts, completions, answer, **kwargs) -> list[float]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
-    p.add_argument("--prompts", required=True, help="JSON written by experiments/bench_trl.py")
+    p.add_argument(
+        "--prompts", required=True, help="JSON written by experiments/bench/bench_trl.py"
+    )
     p.add_argument("--num_generations", type=int, required=True, help="N samples per prompt")
     p.add_argument("--max_completion_length", type=int, required=True, help="T new tokens")
     p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up")

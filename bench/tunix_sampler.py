@@ -1,4 +1,4 @@
-"""Tunix's side of `experiments.bench_sampler --tunix_python=...`: its Sampler, timed.
+"""Tunix's side of `experiments.bench.bench_sampler --tunix_python=...`: its Sampler, timed.
 
   /tmp/tunixenv/bin/python bench/tunix_sampler.py --config='{"num_layers": 30, ...}' \
       --jobs=64x1x64x64,8x8x64x64 --out=t.json

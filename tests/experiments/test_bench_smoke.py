@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from experiments import (
+from experiments.bench import (
     bench_model,
     bench_objectives,
     bench_rl_step,

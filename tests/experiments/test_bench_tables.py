@@ -1,4 +1,4 @@
-"""experiments.bench_tables: its --smoke breakdown is a partition of the measured wall time."""
+"""experiments.bench.bench_tables: its --smoke breakdown partitions the measured wall time."""
 
 import math
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from experiments import bench_tables
+from experiments.bench import bench_tables
 
 
 def bare_interpreter_startup(table: str) -> float:

@@ -1,4 +1,4 @@
-"""experiments.bon_distill_table: its --smoke run writes the table with every arm, every
+"""experiments.tables.bon_distill_table: its --smoke run writes the table with every arm, every
 claim judged and a KL to the warm start per trained arm; the KL measurement is 0 against
 itself and positive against another policy; the derived metrics follow their definitions."""
 
@@ -12,8 +12,8 @@ import re
 import jax
 import pytest
 
-from experiments import bon_distill_table as bon
-from experiments import claims, harness, report, table_cli
+from experiments.lab import claims, harness, report, table_cli
+from experiments.tables import bon_distill_table as bon
 
 
 @pytest.fixture(scope="module")

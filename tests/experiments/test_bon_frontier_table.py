@@ -1,4 +1,4 @@
-"""experiments.bon_frontier_table: the interpolation it reads mean-RL's frontier with, its
+"""experiments.tables.bon_frontier_table: the interpolation it reads mean-RL's frontier with, its
 committed rows' matched-KL differences recomputed from the same rows' (KL, reward) points,
 and a --smoke run that writes every arm and judges every claim."""
 
@@ -10,8 +10,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from experiments import bon_frontier_table as frontier
-from experiments import report, table_cli
+from experiments.lab import report, table_cli
+from experiments.tables import bon_frontier_table as frontier
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 ROWS = ROOT / "experiments" / "results" / "bon_frontier_table.jsonl"

@@ -1,9 +1,9 @@
-"""experiments.compare: rows matched by (arm, seed), differences and verdict changes."""
+"""experiments.lab.compare: rows matched by (arm, seed), differences and verdict changes."""
 
 import json
 
-from experiments import compare
-from experiments.claims import Claim, ClaimKind
+from experiments.lab import compare
+from experiments.lab.claims import Claim, ClaimKind
 
 
 class _Table:

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import estimator_variance as ev
+from experiments.tables import estimator_variance as ev
 
 
 def test_expected_max_reward_k1_equals_direct_integral():
@@ -63,7 +63,7 @@ def test_cli_rejects_group_size_below_k(tmp_path):
         [
             sys.executable,
             "-m",
-            "experiments.estimator_variance",
+            "experiments.tables.estimator_variance",
             f"--workdir={tmp_path}",
             "--group_sizes=2,4",
             "--k=4",

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments import claims, harness, table_cli, table_runs, tuning
-from experiments.claims import Claim, ClaimKind, MetricKey
-from experiments.harness import Arm
-from experiments.provenance import CPU_FEATURES, cpu_features, git_commit, provenance
+from experiments.lab import claims, harness, table_cli, table_runs, tuning
+from experiments.lab.claims import Claim, ClaimKind, MetricKey
+from experiments.lab.harness import Arm
+from experiments.lab.provenance import CPU_FEATURES, cpu_features, git_commit, provenance
 from kjax.rl.config import ArithConfig, EvalSplit, Objective, ObjectiveConfig, TrainConfig
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%

@@ -1,4 +1,4 @@
-"""experiments.power: a pilot's paired sd and the seeds a target MDE needs."""
+"""experiments.lab.power: a pilot's paired sd and the seeds a target MDE needs."""
 
 import json
 import math
@@ -7,8 +7,9 @@ import pathlib
 import numpy as np
 from scipy import stats
 
-from experiments import power, tang2025_table
-from experiments.claims import Claim
+from experiments.lab import power
+from experiments.lab.claims import Claim
+from experiments.tables import tang2025_table
 
 RESULTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results"
 

@@ -1,4 +1,4 @@
-"""experiments.pruned_bon --smoke: files written, every plain-BoN row and the unpruned row
+"""experiments.tables.pruned_bon --smoke: files written, every plain-BoN row and the unpruned row
 equal to a hand count (FLOPs) and an enumeration (accuracy) of the plain sampler's draw,
 pruning cheaper, accuracies valid."""
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import pruned_bon as pb
+from experiments.tables import pruned_bon as pb
 from kjax import pruned_sampling, sampling
 from kjax.rl import task as task_lib
 

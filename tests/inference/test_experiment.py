@@ -1,11 +1,11 @@
-"""experiments.inference_strategies: the --smoke run end to end, and its allocation table."""
+"""experiments.tables.inference_strategies: the --smoke run end to end, and its allocation table."""
 
 import json
 
 import numpy as np
 import pytest
 
-from experiments import inference_strategies as exp
+from experiments.tables import inference_strategies as exp
 
 
 def test_smoke_run_writes_consistent_results(tmp_path):

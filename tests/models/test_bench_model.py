@@ -1,6 +1,6 @@
-"""The FLOP count behind experiments/bench_model.py's MFU column, checked by hand."""
+"""The FLOP count behind experiments/bench/bench_model.py's MFU column, checked by hand."""
 
-from experiments import bench_model
+from experiments.bench import bench_model
 from kjax.models import LlamaConfig
 
 TINY = LlamaConfig(
