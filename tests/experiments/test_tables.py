@@ -171,7 +171,7 @@ def test_toy_optimum_is_a_stationary_maximum():
 # ----------------------------------------------------------------------------- README
 
 
-PROSE_TABLES = ("| page | what |", "| objective | functions | papers |")
+PROSE_TABLES = ("| objective | functions | papers |",)
 
 
 def test_readme_findings_are_the_generated_table():
@@ -197,6 +197,30 @@ def test_every_claims_file_has_a_findings_entry_and_a_page():
         assert (ROOT / source.page).exists(), source.page
 
 
+# What a claim's README wording must keep of its full text: whose claim it is, and whether
+# it was set after its rows were seen.
+_MARKS = (
+    (re.compile(r"kjax, not the paper"), re.compile(r"^kjax: ")),
+    (re.compile(r"kjax's margin"), re.compile(r"kjax's margin")),
+    (re.compile(r"not a paper"), re.compile(r"not a paper")),
+    (re.compile(r"added after|rows were seen|turned after"), re.compile(r"post hoc")),
+)
+
+
+def test_findings_wording_keeps_whose_claim_and_when():
+    """SHORT words only declared claims, and keeps each claim's "kjax, not the paper",
+    "kjax's margin" and after-the-data marks (the full text is on the table's page)."""
+    findings = importlib.import_module("experiments.lab.findings")
+    declared = {
+        c.id: c.text for s in findings.TABLES if s.declared for c in _module(s.stem).TABLE.claims
+    }
+    assert set(findings.SHORT) <= set(declared), set(findings.SHORT) - set(declared)
+    for claim, short in findings.SHORT.items():
+        for in_full, in_short in _MARKS:
+            if in_full.search(declared[claim]):
+                assert in_short.search(short), (claim, in_short.pattern, short)
+
+
 def test_table_pages_show_the_committed_result_files():
     """Each table's page holds every Markdown table its command wrote, and every table on
     the pages (and README) is in a committed result file: nothing shown that no command
@@ -213,7 +237,7 @@ def test_table_pages_show_the_committed_result_files():
     pages = sorted((ROOT / "docs" / "tables").glob("*.md")) + [ROOT / "README.md"]
     for page in pages:
         for block in _tables(page.read_text()):
-            if block.startswith(PROSE_TABLES):  # README's index and list of functions
+            if block.startswith(PROSE_TABLES):  # README's list of functions
                 continue
             assert block in tables_in_files, (
                 f"{page.name}: table not in experiments/results/:\n{block}"
