@@ -10,7 +10,8 @@ B x N, prefill time for N = 1 vs N = 16, KV-cache bytes, and the fraction of thi
 measured float32 matmul peak and memory bandwidth. With a Tunix environment's python
 (`python3 -m venv /tmp/tunixenv && /tmp/tunixenv/bin/pip install google-tunix`; Tunix and its
 pinned jax never enter kjax's env) it also times Tunix's Sampler on its own Llama3 at the
-same shapes (bench/tunix_sampler.py; smollm2, float32; it repeats each prompt N times).
+same shapes (experiments/bench/peers/tunix_sampler.py; smollm2, float32; it repeats each
+prompt N times).
 A benchmark, not a test: it prints figures, and on a shared CPU they are noisy (run it on a
 quiet machine to compare). One run with Tunix (2026-12-01, quiet 2-core machine, smollm2,
 float32, S = T = 64; matmul peak 117 GFLOP/s): 8 x 8 kjax 164 tok/s, transformers 91, Tunix
@@ -59,7 +60,7 @@ SMOKE = dataclasses.replace(
     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64,
 )  # fmt: skip
 _HBM_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # datasheet HBM bandwidth
-_TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "tunix_sampler.py"
+_TUNIX_SCRIPT = pathlib.Path(__file__).resolve().parent / "peers" / "tunix_sampler.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -148,8 +149,8 @@ def hf_timings(weights_dir: str, jobs: list[tuple[int, int, int, int]], repeats:
 def tunix_timings(python: str, c: LlamaConfig, jobs: list[tuple[int, int, int, int]],
                   repeats: int) -> list:  # fmt: skip
     """Seconds of Tunix's Sampler per (B, N, S, T) job on config c's shape, run by
-    bench/tunix_sampler.py in the Tunix environment's python (after kjax's timings, so the
-    two never share the cores)."""
+    experiments/bench/peers/tunix_sampler.py in the Tunix environment's python (after kjax's
+    timings, so the two never share the cores)."""
     shape = dict(num_layers=c.num_layers, vocab_size=c.vocab_size, embed_dim=c.hidden_size,
                  hidden_dim=c.intermediate_size, num_heads=c.num_heads, head_dim=c.head_dim,
                  num_kv_heads=c.num_kv_heads, rope_theta=c.rope_theta, norm_eps=c.rms_norm_eps,

@@ -5,8 +5,8 @@
 
 The real SmolLM2-135M-Instruct (the smollm2_arith preset, float32) on both sides. kjax
 runs first: warm-up + timed steps of kjax.rl.loop.rl_step, recording the prompts it
-trains on; then bench/trl_grpo_step.py runs the same prompts, in the same order, through
-GRPOTrainer in the TRL environment's python (TRL and torch never enter kjax's env).
+trains on; then experiments/bench/peers/trl_grpo_step.py runs the same prompts, in the same
+order, through GRPOTrainer in the TRL environment's python (TRL and torch never enter kjax's env).
 Objective on both sides: mean reward, group-mean baseline, loss / (B N T), no KL
 (kjax MEAN + GROUP_MEAN + CONSTANT_NORMALIZER = TRL dr_grpo + scale_rewards="none",
 beta=0; the derivation and what still differs are in that script's docstring).
@@ -60,7 +60,7 @@ from kjax.rl.config import (
     SFTConfig,
 )
 
-_TRL_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "trl_grpo_step.py"
+_TRL_SCRIPT = pathlib.Path(__file__).resolve().parent / "peers" / "trl_grpo_step.py"
 _MAKE_ENV = (
     "`python3 -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl gguf`, "
     "then pass --trl_python=/tmp/trlenv/bin/python or export "
@@ -218,7 +218,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
 
 
 def run_trl(args, python: str, rows: list[dict], workdir: str) -> dict:
-    """Runs bench/trl_grpo_step.py on the same prompts; its JSON result."""
+    """Runs experiments/bench/peers/trl_grpo_step.py on the same prompts; its JSON result."""
     prompts_file, out = os.path.join(workdir, "prompts.json"), os.path.join(workdir, "trl.json")
     with open(prompts_file, "w") as f:
         json.dump({"prompts_per_step": args.prompts, "rows": rows}, f)

@@ -5,7 +5,7 @@
 For every (arm, seed) present in both, the largest absolute difference over the metrics
 they share, and how many rows are bit-identical; then each claim judged on both sets of
 rows (only the arms and seeds both runs hold), its verdict in each and whether it changed.
-bench/fresh_venv_check.sh uses it to rerun a table's headline arms from a fresh clone in a
+experiments/lab/fresh_venv_check.sh uses it to rerun a table's headline arms from a fresh clone in a
 fresh venv installed from constraints.txt.
 """
 

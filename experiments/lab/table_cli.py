@@ -1,4 +1,4 @@
-"""The command line of a paper table: tune, run, report (python -m experiments.NAME).
+"""The command line of a paper table: tune, run, report (python -m experiments.tables.NAME).
 
 `main(table, argv)` parses the flags (--workdir, --seeds, --smoke, --sft_dir, --arms,
 --learning_rates, --lockstep, --reuse_runs, --report_only, --from_rows), tunes each arm's

@@ -3,22 +3,22 @@
 # tokens/s and % of the HBM roofline) and the update (RL-step breakdown, and the update's
 # loss+grad on the reference vs shared-prompt path: tokens/s, MFU, peak memory) on one CUDA
 # machine, < 10 minutes.
-#   bash bench/gpu_check.sh OUTDIR
+#   bash experiments/bench/gpu_check.sh OUTDIR
 # Uses python3 (or $PYTHON), which must already have CUDA jax. Without network, missing
-# dependencies install only from wheels placed in bench/wheels/ beside this script.
+# dependencies install only from wheels placed in experiments/bench/wheels/ beside this script.
 # Writes OUTDIR/{env,gpu_tests,bench_rl_step,sampler_smollm2,sampler_llama3_1b}.json
 # (+ gpu_tests.xml, *.log); exits non-zero
 # if any part failed.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUTDIR}
+OUT=${1:?usage: bash experiments/bench/gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 export TF_CPP_MIN_LOG_LEVEL=3 XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 if ! $PY -c "import kjax, flax, optax, orbax.checkpoint, tensorflow_datasets" 2>/dev/null; then
-  $PY -m pip install -q --no-index --find-links bench/wheels -e . \
+  $PY -m pip install -q --no-index --find-links experiments/bench/wheels -e . \
     || $PY -m pip install -q --no-deps -e . || echo "gpu_check: install failed" >&2
 fi
 $PY - > "$OUT/env.json" <<'PYEOF'

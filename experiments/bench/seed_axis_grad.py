@@ -3,7 +3,7 @@
 S parameter sets (a lockstep seed axis), and of S batches stacked into one batch with one
 parameter set. Prints ms per batch (medians of 5 repeats of 30 calls).
 
-  python bench/seed_axis_grad.py [--seeds=4]
+  python -m experiments.bench.seed_axis_grad [--seeds=4]
 
 The model is the tiny tables' shape (tiny_arith: 2 layers of 64, 4 heads, 2 KV heads,
 MLP 256, 20 tokens); a batch is B = 16 prompts of 10 tokens x N = 16 completions of 5.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates constraints.txt, the lock both README commands install from (`-c constraints.txt`).
 #
-#   bash bench/refresh_constraints.sh              # fresh venv in a temp dir, newest releases
-#   bash bench/refresh_constraints.sh --from .venv # freeze an existing venv instead (no install)
+#   bash .ci/refresh_constraints.sh              # fresh venv in a temp dir, newest releases
+#   bash .ci/refresh_constraints.sh --from .venv # freeze an existing venv instead (no install)
 #
 # The fresh venv installs `-e '.[dev,tpu]'` (what .ci/run installs) WITHOUT the old lock,
 # so every package the test install pulls in is re-resolved against setup.py's ranges; its
@@ -33,7 +33,7 @@ pyver=$("$venv/bin/python" -c 'import platform; print(platform.python_version(),
   echo "# versions: \`pip install -c constraints.txt -e '.[dev]'\`. A table verdict depends on the"
   echo "# environment (10 of 27 changed between two unpinned installs); BUILD.md, Pinned environment."
   echo "# Resolved on Python $pyver; do not edit by hand. Refresh (new releases, new"
-  echo "# dependency in setup.py): bash bench/refresh_constraints.sh"
+  echo "# dependency in setup.py): bash .ci/refresh_constraints.sh"
   "$venv/bin/pip" freeze --exclude-editable | sed -E 's/^([^=]+==[^+]+)\+.*$/\1/'
 } >constraints.txt.new
 mv constraints.txt.new constraints.txt

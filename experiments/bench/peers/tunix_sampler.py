@@ -1,7 +1,7 @@
 """Tunix's side of `experiments.bench.bench_sampler --tunix_python=...`: its Sampler, timed.
 
-  /tmp/tunixenv/bin/python bench/tunix_sampler.py --config='{"num_layers": 30, ...}' \
-      --jobs=64x1x64x64,8x8x64x64 --out=t.json
+  /tmp/tunixenv/bin/python experiments/bench/peers/tunix_sampler.py \
+      --config='{"num_layers": 30, ...}' --jobs=64x1x64x64,8x8x64x64 --out=t.json
 
 Run by a separate environment's python holding google-tunix (and the jax/flax it pins;
 never kjax): `python3 -m venv /tmp/tunixenv && /tmp/tunixenv/bin/pip install google-tunix`.

@@ -1,6 +1,6 @@
 """TRL's side of experiments/bench/bench_trl.py: GRPOTrainer steps on SmolLM2-135M-Instruct, timed.
 
-  /tmp/trlenv/bin/python bench/trl_grpo_step.py --gguf=F.gguf --prompts=P.json \
+  /tmp/trlenv/bin/python experiments/bench/peers/trl_grpo_step.py --gguf=F.gguf --prompts=P.json \
       --num_generations=4 --max_completion_length=16 --steps=3 --out=trl.json
 
 Run by the TRL environment's python (torch, transformers, trl, datasets, gguf; never kjax
