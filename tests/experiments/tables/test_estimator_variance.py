@@ -82,7 +82,7 @@ def test_variance_page_has_the_experiments_rows_and_exact_gradients():
     """The variance table of docs/estimator_variance.md is the experiment's output: same rows
     and columns, and the exact gradients it quotes are the quadrature's (cell values need
     the full run)."""
-    readme = (pathlib.Path(__file__).parents[2] / "docs" / "estimator_variance.md").read_text()
+    readme = (pathlib.Path(__file__).parents[3] / "docs" / "estimator_variance.md").read_text()
     section = readme.split("Variance of the d/dtheta estimate of max@4")[1]
     table = [line for line in section.split("\n\n")[1].splitlines() if line.startswith("|")]
     config = ev.Config()

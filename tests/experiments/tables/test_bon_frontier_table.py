@@ -13,7 +13,7 @@ import pytest
 from experiments.lab import report, table_cli
 from experiments.tables import bon_frontier_table as frontier
 
-ROOT = pathlib.Path(__file__).parent.parent.parent
+ROOT = pathlib.Path(__file__).parents[3]
 ROWS = ROOT / "experiments" / "results" / "bon_frontier_table.jsonl"
 
 

@@ -11,7 +11,7 @@ from experiments.lab import power
 from experiments.lab.claims import Claim
 from experiments.tables import tang2025_table
 
-RESULTS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "results"
+RESULTS = pathlib.Path(__file__).resolve().parents[3] / "experiments" / "results"
 
 
 def _rows(diffs):
