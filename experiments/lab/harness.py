@@ -140,11 +140,11 @@ def budget(cfg, steps: int, batch: int, samples: int):
 
 def design(cfg, steps: int, batch: int, samples: int, *, problems: int = 1000, n_eval: int = 32,
            validation: int = 500):  # fmt: skip
-    """The tables' shared design (README, Results): budget(cfg, ...) plus one SFT warm start
-    for every seed (sft.seed = 0: seeds vary only the RL, as a paper fine-tuning one base
-    model does), `validation` train problems held out for tuning, and an evaluation of
-    `problems` test problems x `n_eval` samples (eval noise well under the seed-to-seed
-    spread)."""
+    """The tables' shared design (docs/results.md, The design): budget(cfg, ...) plus one
+    SFT warm start for every seed (sft.seed = 0: seeds vary only the RL, as a paper
+    fine-tuning one base model does), `validation` train problems held out for tuning, and
+    an evaluation of `problems` test problems x `n_eval` samples (eval noise well under the
+    seed-to-seed spread)."""
     cfg = budget(cfg, steps, batch, samples)
     task = dataclasses.replace(
         cfg.task, test_size=max(cfg.task.test_size, problems), validation_size=validation

@@ -6,7 +6,7 @@ For every claim of each table, from the per-seed rows of a finished run of it (b
 the committed `experiments/results/NAME.jsonl`): the seeds, the mean paired difference, its
 sd over seeds, the minimum detectable effect (80% power, one-sided 2.5%) at those seeds and
 at 10 / 20 / 30 seeds, and the seeds needed for an MDE of `--target` and of half the
-observed effect. The budget of a rerun is chosen from this table (README, "Power"); a
+observed effect. The budget of a rerun is chosen from this table (docs/results.md, "Power"); a
 pilot whose design differs from the rerun's (e.g. per-seed warm starts vs one shared warm
 start) predicts the rerun's sd only as far as the design's variance sources agree.
 """

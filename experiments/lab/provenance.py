@@ -43,7 +43,7 @@ def cpu_model() -> str:
 
 
 # Instruction sets that change the code XLA emits for the CPU, and so its rounding: two runs
-# bit-identical on one CPU model differ in the last bits on another (README, Reruns).
+# bit-identical on one CPU model differ in the last bits on another (docs/results.md, Reruns).
 CPU_FEATURES = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve")
 
 

@@ -149,7 +149,7 @@ _FINISHED: dict[pathlib.Path, dict[str, pathlib.Path]] = {}
 def reused_row(table: Table, arm: Arm, seed: int, ctx: Context) -> dict | None:
     """The row of a finished run of another table (ctx.reuse) whose whole config,
     fingerprinted, is this run's: the same training, so its result is this run's too
-    (README: tables 1, 2 and 6 share their mean, LOO-1 and centred PG arms). It keeps the
+    (tables 1, 2 and 6 share their mean, LOO-1 and centred PG arms). It keeps the
     provenance of the process that trained it and says where it came from. The config is
     fingerprinted as that table's workdir sees it, so only the same warm-start folder
     matches (the first workdir given wins a tie)."""

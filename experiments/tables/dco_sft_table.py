@@ -10,7 +10,7 @@ constant lr 3e-3 after 20 warmup steps, 15 steps per epoch), once with cross-ent
 once with the confidence-limiting DCO loss at N = 256. After every epoch: held-out
 pass@1 / pass@16 / pass@256 over all 200 test problems from 256 samples each (unbiased
 estimator), the same problems and sampling key for both arms. 2 arms x 10 seeds; about
-4 minutes on 2 CPU cores (README Results has the measured time).
+4 minutes on 2 CPU cores (docs/tables/dco_sft.md has the measured time).
 """
 
 from __future__ import annotations

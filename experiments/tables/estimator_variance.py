@@ -10,10 +10,11 @@ sum_{j<=T} (1/j) max@j (MaxRL's weights, T = k) with a per-j estimator; they tar
 sum_{j<=T} J_j' / j instead. Writes variance.md, variance.png, signal_density.png
 (Tang et al.'s k p (1-p)^(k-1)) and results.json to --workdir.
 
---extended adds rows that README's table does not have (docs/estimators.md sections 2.11,
-2.12): SHRINK_B<b>[E], max@k with E's leave-one-out baseline shrunk toward the other
-prompts of a batch of b groups (the toy has one prompt, so the b groups share it: no
-spread between prompts, so the shrinkage factor is large); MEAN[RLOO] and
+--extended adds rows that docs/estimator_variance.md's table does not have
+(docs/estimators.md sections 2.11, 2.12): SHRINK_B<b>[E], max@k with E's leave-one-out
+baseline shrunk toward the other prompts of a batch of b groups (the toy has one prompt,
+so the b groups share it: no spread between prompts, so the shrinkage factor is large);
+MEAN[RLOO] and
 MEAN_B<b>[SHRINKAGE], the k = 1 baselines (target J_1'); MAXRL_PRACTICAL, MaxRL's
 per-group (r - mean) / mean / N, which on these continuous rewards targets no max@k
 mixture (it is a ratio estimate near grad log J_1, printed for comparison). It also writes
@@ -44,7 +45,7 @@ M = obj.MeanBaseline
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The toy's knobs; defaults reproduce the README table."""
+    """The toy's knobs; defaults reproduce docs/estimator_variance.md's table."""
 
     theta: float = 0.5
     sigma: float = 0.1
@@ -55,7 +56,8 @@ class Config:
     estimators: tuple[E, ...] = (E.S, E.LOO, E.L2O, E.LOO_MINUS_ONE, E.CENTERED)
     # Per-j estimators of the MaxRL mixture sum_{j<=k} (1/j) max@j (one row each).
     maxrl_estimators: tuple[E, ...] = (E.LOO_MINUS_ONE, E.L2O)
-    # Opt-in rows (--extended; none by default, so README's table is the default output).
+    # Opt-in rows (--extended; none by default, so the default output is the table of
+    # docs/estimator_variance.md).
     shrinkage_estimators: tuple[E, ...] = ()  # max@k, baseline shrunk over a batch
     mean_baselines: tuple[M, ...] = ()  # k = 1 rows, in the sum convention
     maxrl_practical: bool = False  # (r - mean) / mean / N
@@ -400,9 +402,10 @@ flags.DEFINE_integer("seed", Config.seed, "PRNG seed.")
 flags.DEFINE_bool(
     "extended",
     False,
-    "Also the rows README's table lacks: SHRINK_B<b>[L2O], SHRINK_B<b>[LOO_MINUS_ONE], "
-    "MEAN[RLOO], MEAN_B<b>[SHRINKAGE], MAXRL_PRACTICAL; and variance_binary.md, MaxRL's "
-    "practical form against its mixture, exactly, on binary rewards.",
+    "Also the rows docs/estimator_variance.md's table lacks: SHRINK_B<b>[L2O], "
+    "SHRINK_B<b>[LOO_MINUS_ONE], MEAN[RLOO], MEAN_B<b>[SHRINKAGE], MAXRL_PRACTICAL; and "
+    "variance_binary.md, MaxRL's practical form against its mixture, exactly, on binary "
+    "rewards.",
 )
 flags.DEFINE_integer(
     "shrinkage_batch", Config.shrinkage_batch, "Groups per batch for the shrinkage rows."

@@ -20,8 +20,8 @@ tuning runs: 70.2 minutes measured on 2 CPU cores (quiet but for ~6 min of tests
 core; 23.1 on arithmetic); with --reuse_runs of tables 1 and 2, 48 of the 112 are reused.
 
 The task is Countdown with the exact-hit reward (tiny_countdown.EXACT_BASE), as in tables 1
-and 2: the testbed where mean-reward RL lowers pass@k below the warm start (README, Results:
-the testbed); the earlier 2-digit arithmetic run is in experiments/results/arith/.
+and 2: the testbed where mean-reward RL lowers pass@k below the warm start (docs/results.md,
+The testbed); the earlier 2-digit arithmetic run is in experiments/results/arith/.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ pass@32.
 The task is Countdown with a continuous reward (an exact hit 1, a valid expression off by
 d earns 0.5 * max(0, 1 - d/10)), the kind of setting the paper's CodeContests
 fraction-of-tests reward is, where max@k and pass@k differ; the earlier run on binary
-arithmetic is in experiments/results/v1/. 4 arms x 10 seeds plus 24 tuning runs (README
-Results has the measured time).
+arithmetic is in experiments/results/v1/. 4 arms x 10 seeds plus 24 tuning runs
+(docs/tables/maxk_offpolicy.md has the measured time).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ k-annealing 8 -> 1 (k=8 for the first 100 steps, then 1), each arm's learning ra
 {2.5e-4, 5e-4, 1e-3} by experiments.lab.tuning's protocol. Evaluation: 1000 held-out problems,
 32 samples each, unbiased pass@k for k in {1, 2, 4, 8, 16}. 6 arms x 10 seeds plus 36
 tuning runs: 35.0 minutes measured on 2 CPU cores with table 1's warm start and its 16
-identical runs reused (--sft_dir, --reuse_runs; README), 17.6 on arithmetic.
+identical runs reused (--sft_dir, --reuse_runs; docs/tables/pkpo_kopt.md), 17.6 on arithmetic.
 
 The task is Countdown with the exact-hit reward (tiny_countdown.EXACT_BASE): the testbed
-where mean-reward RL lowers pass@k below the warm start (README, Results: the testbed); the
+where mean-reward RL lowers pass@k below the warm start (docs/results.md, The testbed); the
 earlier 2-digit arithmetic run is in experiments/results/arith/.
 """
 

@@ -16,7 +16,7 @@ each, unbiased pass@1, pass@8, pass@16 and maj@8. 10 arms x 10 seeds plus 60 tun
 long against Countdown's 12).
 
 The task is Countdown with the exact-hit reward (tiny_countdown.EXACT_BASE): the testbed
-where mean-reward RL lowers pass@k below the warm start (README, Results: the testbed); the
+where mean-reward RL lowers pass@k below the warm start (docs/results.md, The testbed); the
 earlier 2-digit arithmetic run is in experiments/results/arith/.
 """
 

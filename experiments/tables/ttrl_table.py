@@ -37,7 +37,7 @@ table reports their means over the run and over its first and last 20 steps.
 
 Measured cost (2 CPU cores shared with other jobs): the first three arms, 30 runs plus 18
 tuning runs and the 1500-step warm start, took 13.6 min; the two strong-start arms add 20
-runs, 12 tuning runs and the 5000-step warm start (README, Results, has the total).
+runs, 12 tuning runs and the 5000-step warm start (docs/tables/ttrl.md has the total).
 """
 
 from __future__ import annotations

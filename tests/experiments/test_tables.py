@@ -1,6 +1,7 @@
 """The paper-table modules: every one runs in --smoke mode, the harness's statistics and
-verdicts follow their definitions, finished runs are skipped on resume, README's Results
-tables are the committed result files verbatim, and notebook 02 runs on smoke outputs."""
+verdicts follow their definitions, finished runs are skipped on resume, README's findings
+table and the table pages are the committed result files verbatim, and notebook 02 runs on
+smoke outputs."""
 
 from __future__ import annotations
 
