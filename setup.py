@@ -13,7 +13,7 @@ setup(
     install_requires=[
         "jax>=0.6",
         "numpy>=1.26",
-        # experiments.claims: t quantiles, paired tests, power (came only through jax before).
+        # experiments.lab.claims: t quantiles, paired tests, power (came only through jax before).
         "scipy>=1.11",
         "flax>=0.11",
         "optax>=0.2.4",

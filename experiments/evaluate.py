@@ -105,7 +105,7 @@ def markdown(results: dict[str, dict[str, float]], n: int) -> str:
 def main(argv=None) -> int:
     from absl import logging
 
-    from experiments import inference_strategies as infer
+    from experiments.tables import inference_strategies as infer
 
     args, fields = parse(argv)
     logging.set_verbosity(logging.ERROR)

@@ -1,4 +1,5 @@
-"""README promises: exactly two commands, CI runs the second, and its example code runs."""
+"""README promises: a front door (short, with contents), exactly two commands, CI runs the
+second, and its example code runs."""
 
 import pathlib
 import re
@@ -7,6 +8,23 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+
+
+# README is the front door; the detail lives one link away (docs/, experiments/results/).
+README_MAX_BYTES = 15 * 1024
+
+
+def test_readme_is_short_and_has_contents():
+    size = len(README.encode())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move detail to docs/ or shorten "
+        "the findings wording (experiments/lab/findings.py, SHORT)"
+    )
+    contents = README.split("**Contents**")[1].split("\n\n")[0]
+    headings = re.findall(r"^## (.+)$", README, flags=re.M)
+    for heading in headings:  # every section is listed, by its GitHub anchor
+        anchor = re.sub(r"[^\w -]", "", heading.lower()).replace(" ", "-")
+        assert f"(#{anchor})" in contents, heading
 
 
 def test_two_commands_and_ci_runs_the_test_command():

@@ -18,7 +18,7 @@ warm start's max@8. Measured so far only a 20-step smoke run (--config.steps=20
 RL; 200 held-out problems, n=16, one seed): warm start mean reward (eval/objective) 0.414,
 pass@1 0.301, max@8 0.825, pass@16 0.845; after 20 steps 0.474, 0.351, 0.812, 0.820
 (per-token KL to the warm start ~0.02). The full 300-step run has not been made. In
-experiments.bon_distill_table's 3-seed pilot (100 steps at lr 2e-3, tuned; 1000 held-out
+experiments.tables.bon_distill_table's 3-seed pilot (100 steps at lr 2e-3, tuned; 1000 held-out
 problems x 32; 2 shared CPU cores, ~35-48 s a run): mean reward 0.321 -> 0.381, max@8
 0.731 -> 0.740, pass@1 0.267, pass@16 0.737; KL to the warm start 0.31 nats per sequence,
 0.041 per token. Presets: bon.

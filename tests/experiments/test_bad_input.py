@@ -17,9 +17,10 @@ import sys
 
 import pytest
 
-from experiments import evaluate, harness, table_cli, train
-from experiments.claims import Claim
-from experiments.harness import Arm
+from experiments import evaluate, train
+from experiments.lab import harness, table_cli
+from experiments.lab.claims import Claim
+from experiments.lab.harness import Arm
 from kjax import files, tasks
 from kjax.data import builders, loader
 from kjax.rl.config import CodeConfig, SFTConfig, TrainConfig

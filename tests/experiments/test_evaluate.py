@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments import evaluate
-from experiments import inference_strategies as infer
+from experiments.tables import inference_strategies as infer
 from kjax.inference import livebench as lb_scores
 from kjax.rl.config import TrainConfig, override
 from kjax.tasks import livebench

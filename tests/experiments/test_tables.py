@@ -1,6 +1,7 @@
 """The paper-table modules: every one runs in --smoke mode, the harness's statistics and
-verdicts follow their definitions, finished runs are skipped on resume, README's Results
-tables are the committed result files verbatim, and notebook 02 runs on smoke outputs."""
+verdicts follow their definitions, finished runs are skipped on resume, README's findings
+table and the table pages are the committed result files verbatim, and notebook 02 runs on
+smoke outputs."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from experiments import claims, harness, report, table_cli
-from experiments.claims import Claim, ClaimKind
+from experiments.lab import claims, harness, report, table_cli
+from experiments.lab.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpolicy_table",
            "dco_sft_table", "estimators_2026_table", "smollm2_passk", "ttrl_table")  # fmt: skip
+
+
+def _module(name: str):
+    return importlib.import_module(f"experiments.tables.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +36,7 @@ def smoke(tmp_path_factory):
     root = tmp_path_factory.mktemp("tables")
     (root / "out").mkdir()
     for name in MODULES:  # each in its own workdir (arms of two tables may share a name)
-        module = importlib.import_module(f"experiments.{name}")
+        module = _module(name)
         args = ["--workdir", str(root / name), "--smoke"]
         if name == "pkpo_toy_figure":  # no RL, so no SFT warm start
             assert module.main(args) == 0
@@ -49,9 +54,9 @@ def test_smoke_run_writes_table_figure_and_rows(smoke, name):
     assert (out / f"{name}.png").stat().st_size > 0
     rows = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
     if name == "pkpo_toy_figure":
-        assert [r["k"] for r in rows] == list(importlib.import_module(f"experiments.{name}").KS)
+        assert [r["k"] for r in rows] == list(_module(name).KS)
         return
-    table = importlib.import_module(f"experiments.{name}").TABLE
+    table = _module(name).TABLE
     assert sorted(r["arm"] for r in rows) == sorted(a.name for a in table.arms)
     trained = set(table.smoke_arms) or {a.name for a in table.arms}  # the rest: validated
     assert all(r["seed"] == 0 for r in rows)
@@ -73,7 +78,7 @@ def test_resume_skips_finished_runs(smoke, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(harness, "rl_execute", must_not_run)
-    module = importlib.import_module("experiments.pkpo_kopt_table")
+    module = _module("pkpo_kopt_table")
     workdir = smoke / "pkpo_kopt_table"
     before = (workdir / "pkpo_kopt_table.jsonl").read_text()
     args = ["--workdir", str(workdir), "--smoke", "--sft_dir", str(smoke / "sft")]
@@ -137,7 +142,7 @@ def test_against_zero_claim_uses_the_arms_own_values():
 
 
 def test_toy_expected_max_matches_direct_integration():
-    toy = importlib.import_module("experiments.pkpo_toy_figure")
+    toy = _module("pkpo_toy_figure")
     theta, s = 0.7, toy.SIGMA
     density = lambda x: stats.norm.pdf(x, theta, s)  # noqa: E731
     mean, _ = integrate.quad(lambda x: x * x * density(x), 0.0, 1.0)  # k = 1: E[g(x)]
@@ -149,7 +154,7 @@ def test_toy_expected_max_matches_direct_integration():
 
 
 def test_toy_cli_offers_only_the_flags_it_reads(capsys):
-    toy = importlib.import_module("experiments.pkpo_toy_figure")
+    toy = _module("pkpo_toy_figure")
     with pytest.raises(SystemExit):
         toy.main(["--help"])
     assert set(re.findall(r"--\w+", capsys.readouterr().out)) == {"--help", "--workdir", "--smoke"}
@@ -158,7 +163,7 @@ def test_toy_cli_offers_only_the_flags_it_reads(capsys):
 
 
 def test_toy_optimum_is_a_stationary_maximum():
-    toy = importlib.import_module("experiments.pkpo_toy_figure")
+    toy = _module("pkpo_toy_figure")
     for k in (1, 8):
         t, h = toy.optimal_theta(k), 1e-4
         assert toy.expected_max(t, k) >= max(toy.expected_max(t - h, k), toy.expected_max(t + h, k))
@@ -167,21 +172,25 @@ def test_toy_optimum_is_a_stationary_maximum():
 # ----------------------------------------------------------------------------- README
 
 
-PROSE_TABLES = ("| page | what |", "| objective | functions | papers |")
+PROSE_TABLES = ("| objective | functions | papers |",)
 
 
 def test_readme_findings_are_the_generated_table():
-    """README's findings table is experiments.findings' output for the committed claims
+    """README's findings table is experiments.lab.findings' output for the committed claims
     files, and experiments/results/findings.md is that output too."""
-    findings = importlib.import_module("experiments.findings")
+    findings = importlib.import_module("experiments.lab.findings")
     readme = (ROOT / "README.md").read_text()
     table = findings.findings()
-    assert table in _tables(readme), "README's findings table is stale: run experiments.findings"
-    assert table in _tables(findings.OUT.read_text()), "run python -m experiments.findings --write"
+    assert table in _tables(readme), (
+        "README's findings table is stale: run experiments.lab.findings"
+    )
+    assert table in _tables(findings.OUT.read_text()), (
+        "run python -m experiments.lab.findings --write"
+    )
 
 
 def test_every_claims_file_has_a_findings_entry_and_a_page():
-    findings = importlib.import_module("experiments.findings")
+    findings = importlib.import_module("experiments.lab.findings")
     stems = {s.stem for s in findings.TABLES}
     for path in (ROOT / "experiments" / "results").glob("*.claims.json"):
         assert path.name.removesuffix(".claims.json") in stems, f"{path.name} not in findings"
@@ -189,11 +198,35 @@ def test_every_claims_file_has_a_findings_entry_and_a_page():
         assert (ROOT / source.page).exists(), source.page
 
 
+# What a claim's README wording must keep of its full text: whose claim it is, and whether
+# it was set after its rows were seen.
+_MARKS = (
+    (re.compile(r"kjax, not the paper"), re.compile(r"^kjax: ")),
+    (re.compile(r"kjax's margin"), re.compile(r"kjax's margin")),
+    (re.compile(r"not a paper"), re.compile(r"not a paper")),
+    (re.compile(r"added after|rows were seen|turned after"), re.compile(r"post hoc")),
+)
+
+
+def test_findings_wording_keeps_whose_claim_and_when():
+    """SHORT words only declared claims, and keeps each claim's "kjax, not the paper",
+    "kjax's margin" and after-the-data marks (the full text is on the table's page)."""
+    findings = importlib.import_module("experiments.lab.findings")
+    declared = {
+        c.id: c.text for s in findings.TABLES if s.declared for c in _module(s.stem).TABLE.claims
+    }
+    assert set(findings.SHORT) <= set(declared), set(findings.SHORT) - set(declared)
+    for claim, short in findings.SHORT.items():
+        for in_full, in_short in _MARKS:
+            if in_full.search(declared[claim]):
+                assert in_short.search(short), (claim, in_short.pattern, short)
+
+
 def test_table_pages_show_the_committed_result_files():
     """Each table's page holds every Markdown table its command wrote, and every table on
     the pages (and README) is in a committed result file: nothing shown that no command
     wrote."""
-    findings = importlib.import_module("experiments.findings")
+    findings = importlib.import_module("experiments.lab.findings")
     results = ROOT / "experiments" / "results"
     tables_in_files = set()
     for path in results.rglob("*.md"):
@@ -205,7 +238,7 @@ def test_table_pages_show_the_committed_result_files():
     pages = sorted((ROOT / "docs" / "tables").glob("*.md")) + [ROOT / "README.md"]
     for page in pages:
         for block in _tables(page.read_text()):
-            if block.startswith(PROSE_TABLES):  # README's index and list of functions
+            if block.startswith(PROSE_TABLES):  # README's list of functions
                 continue
             assert block in tables_in_files, (
                 f"{page.name}: table not in experiments/results/:\n{block}"
@@ -228,7 +261,7 @@ def test_from_rows_rewrites_a_committed_tuned_table_but_its_provenance(tmp_path)
     """--from_rows on a committed table judges its rows again and keeps its learning-rate
     section (the chosen rates and tuning rows beside the rows file): the page comes back
     the same but for the line naming the writer's commit."""
-    module = importlib.import_module("experiments.pkpo_kopt_table")
+    module = _module("pkpo_kopt_table")
     results = ROOT / "experiments" / "results"
     args = ["--workdir", str(tmp_path), "--from_rows", str(results / "pkpo_kopt_table.jsonl")]
     assert table_cli.main(module.TABLE, args) == 0

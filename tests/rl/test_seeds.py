@@ -103,8 +103,8 @@ def test_lockstep_refuses_configs_that_cannot_share_a_step(tmp_path):
 
 @pytest.mark.slow  # ~50 s on 2 busy cores
 def test_a_tables_lockstep_rows_are_its_sequential_rows(tmp_path):
-    from experiments import harness, table_cli
-    from experiments.claims import Claim
+    from experiments.lab import harness, table_cli
+    from experiments.lab.claims import Claim
     from kjax.rl.config import Objective, ObjectiveConfig
 
     passk = lambda c: dataclasses.replace(c, objective=ObjectiveConfig(Objective.MAX_AT_K, k=4))  # noqa: E731

@@ -1,0 +1,1 @@
+"""Benchmarks of kjax against itself and its peers (peers run in their own venvs)."""

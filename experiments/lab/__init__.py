@@ -1,0 +1,1 @@
+"""The table machinery: design, runs, tuning, claims, power, reports. Imports no table."""

@@ -1,0 +1,240 @@
+"""README's findings table: one row per claim of every paper table, built from the claims
+each table module declares and the verdicts its committed run judged
+(experiments/results/NAME.claims.json). A row shows the claim in a few words (SHORT); its
+full text, with the paper's numbers, is on the table's page one link away.
+
+    python -m experiments.lab.findings           # print the table
+    python -m experiments.lab.findings --write   # and write experiments/results/findings.md
+
+A claim declared but not yet run (a new table, or a claim added after its run) gets the row
+"not run yet", never a number. tests/experiments/test_tables.py checks that README's table is
+this module's output for the committed files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import re
+import sys
+
+from experiments.lab import harness
+from experiments.lab.claims import fmt
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "results"
+OUT = RESULTS / "findings.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A table: its number, heading (the papers it tests and its task), result stem (= its
+    module in experiments/tables/), detail page, and whether the module declares a TABLE
+    (False: a page its own script writes)."""
+
+    number: int
+    heading: str
+    stem: str
+    page: str
+    declared: bool = True
+
+
+COUNTDOWN, NEAR_MISS = "Countdown, exact hit", "Countdown, near-miss reward"
+TABLES = (
+    Source(1, f"Tang et al. 2025 · {COUNTDOWN}", "tang2025_table", "docs/tables/tang2025.md"),
+    Source(
+        2,
+        f"PKPO (Walder & Karkhanis 2025): k_opt in training · {COUNTDOWN}",
+        "pkpo_kopt_table",
+        "docs/tables/pkpo_kopt.md",
+    ),
+    Source(
+        3,
+        f"Bagirov et al. 2025: max@k in PPO epochs · {NEAR_MISS}",
+        "maxk_offpolicy_table",
+        "docs/tables/maxk_offpolicy.md",
+    ),
+    Source(
+        4,
+        "DCO (Chen, Raventos et al. 2025): SFT epochs · arithmetic",
+        "dco_sft_table",
+        "docs/tables/dco_sft.md",
+    ),
+    Source(
+        5,
+        "PKPO's toy: the max@k-optimal Gaussian policy · exact",
+        "pkpo_toy_figure",
+        "docs/tables/pkpo_toy.md",
+        declared=False,
+    ),
+    Source(
+        6,
+        f"L2O (Takashiro et al. 2026), MaxRL (Tajwar, Zeng et al. 2026) · {COUNTDOWN}",
+        "estimators_2026_table",
+        "docs/tables/estimators_2026.md",
+    ),
+    Source(
+        7,
+        "Tang et al. 2025 on SmolLM2-135M-Instruct · arithmetic, 1 seed",
+        "smollm2_passk",
+        "docs/tables/smollm2_passk.md",
+    ),
+    Source(8, "TTRL (Zuo et al. 2025) · arithmetic", "ttrl_table", "docs/tables/ttrl.md"),
+    Source(
+        10,
+        f"Best-of-8 distillation (vBoN: Amini et al. 2024) · {NEAR_MISS}",
+        "bon_distill_table",
+        "docs/tables/bon_distill.md",
+    ),
+    Source(
+        10,
+        f"Reward-KL frontier (vBoN; BOND: Sessa et al. 2024) · {NEAR_MISS}",
+        "bon_frontier_table",
+        "docs/tables/bon_frontier.md",
+    ),
+)
+
+# README's wording of each claim: the paper's claim in a few words (the source is the
+# table's heading), "kjax:" for a comparison the paper does not make, "post hoc" for a claim
+# written or changed after its rows were seen. The full text is on the table's page. A claim
+# without an entry shows its full text.
+SHORT = {
+    "1a": "pass@k objective (LOO, N=k) beats the mean objective on pass@k, PG",
+    "1b": "... and loses pass@1",
+    "1c": "biased (centred) variant beats the mean objective on pass@k, PPO",
+    "1d": "kjax: biased variant beats unbiased LOO at N=k, PPO",
+    "1e": "kjax: biased variant beats LOO-1 at N=16, PPO",
+    "1f": "majority objective ends below the mean objective on held-out maj@k, PG "
+    "(direction post hoc)",
+    "1g": "not a paper claim, the testbed's premise: mean-reward RL lowers pass@16 "
+    "below its warm start",
+    "2a": "k_opt = 8 beats k_opt = 1 on pass@16",
+    "2b": "... and loses pass@1",
+    "2c": "kjax: k_opt = 16 beats k_opt = 1 on pass@16",
+    "2d": "kjax: annealing 8 -> 1 beats k_opt = 8 on pass@1",
+    "2e": "kjax: annealing beats k_opt = 1 on pass@16",
+    "2d'": "annealing gets both: pass@1 within 0.02 of k_opt = 1 (post hoc)",
+    "2e'": "... and pass@16 within 0.02 of k_opt = 8 (post hoc)",
+    "3a": "off-policy max@k update (first-order) beats fixed advantages",
+    "3b": "kjax: exact re-weighting beats fixed advantages",
+    "3c": "kjax: 3 re-weighted epochs beat 1 at equal samples",
+    "4a": "more cross-entropy SFT lowers pass@256 (measured since the warm start: post hoc)",
+    "4b": "DCO holds pass@256 within 0.02, kjax's margin (post hoc, as 4a)",
+    "4c": "DCO ends above cross-entropy on pass@256",
+    "6a": "L2O: lower gradient variance than LOO-1",
+    "6b": "... than LOO",
+    "6c": "... than S",
+    "6a'": "... than LOO-1, log ratio (post hoc)",
+    "6b'": "... than LOO, log ratio (post hoc)",
+    "6c'": "... than S, log ratio (post hoc)",
+    "6d": "kjax: L2O at most 0.02 below LOO-1 on pass@8",
+    "6e": "kjax: ... on pass@16",
+    "6d'": "L2O beats the non-centred LOO-1 on pass@8 (post hoc)",
+    "6e'": "... on pass@16 (post hoc)",
+    "6f": "MaxRL's pass@1 at most 0.02 below the mean objective's (kjax's margin, post hoc)",
+    "6g": "MaxRL beats the mean objective on pass@16",
+    "7a": "pass@k objective beats the mean objective on pass@k",
+    "7b": "... and loses pass@1",
+    "8a": "label-free RL raises pass@1 over the warm start",
+    "8b": "TTRL's pass@1 passes the warm start's maj@16",
+    "8c": "TTRL's pass@1 within 0.03 of supervised RL's",
+    "8a'": "8a from a strong warm start (post hoc)",
+    "8b'": "8b from a strong warm start (post hoc)",
+    "8c'": "8c from a strong warm start (post hoc)",
+    "10a": "one distilled sample close to the warm start's best-of-8: within 0.05 (kjax's margin)",
+    "10c": "BoN distillation raises the mean reward over the warm start",
+    "10b.2": "BoN distillation on or above KL-regularised RL's reward-KL frontier, n = 2 "
+    "(kjax's margin 0.01)",
+    "10b.4": "... n = 4",
+    "10b.8": "... n = 8",
+    "10b.16": "... n = 16",
+}
+
+HEAD = "| # | claim | kjax: diff [95% CI] | MDE | verdict |\n|---|---|---|---|---|"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("|", "/").split())
+
+
+def _verdict(verdict: str) -> str:
+    """The verdict in few words: "not reproduced (no effect larger than m)" is
+    "no effect > m", "not reproduced (inconclusive)" "inconclusive"."""
+    m = re.fullmatch(r"not reproduced \((?:no effect larger than (.+)|(inconclusive))\)", verdict)
+    if m is None:
+        return _cell(verdict)
+    return m.group(2) or f"no effect > {m.group(1)}"
+
+
+def _header(source: Source) -> str:
+    """The row that opens a table's claims: its number, linked to its page, and heading."""
+    return f"| **[{source.number}]({source.page})** | **{source.heading}** | | | |"
+
+
+def _rows_of_page(source: Source) -> list[str]:
+    """A table written by its own script (its Markdown has `| id | paper | verdict |` rows):
+    the claim and verdict as written, no interval."""
+    text = (RESULTS / f"{source.stem}.md").read_text()
+    rows = [_header(source)]
+    for line in text.splitlines():
+        m = re.match(rf"\| ({source.number}[a-z]'?) \| (.*) \| (.*) \|$", line)
+        if m:
+            claim, paper, verdict = m.groups()
+            exact = re.fullmatch(r"(.+) \(exact: (.+)\)", verdict)  # the numbers: the diff
+            diff, verdict = (exact[2], f"{exact[1]} (exact)") if exact else ("exact", verdict)
+            rows.append(f"| {claim} | {SHORT.get(claim, paper)} | {diff} | - | {verdict} |")
+    return rows
+
+
+def rows_of(source: Source) -> list[str]:
+    """The findings rows of one table: its header, then its claims in declared order."""
+    if not source.declared:
+        return _rows_of_page(source)
+    table = harness.load_table(source.stem)
+    path = RESULTS / f"{source.stem}.claims.json"
+    judged = {}
+    if path.exists():
+        judged = {c["claim"]: c for c in json.loads(path.read_text())["claims"]}
+    rows = [_header(source)]
+    for claim in table.claims:
+        j = judged.get(claim.id)
+        if j is None:
+            diff, mde, verdict = "-", "-", "not run yet"
+        else:
+            bounds = [math.nan if j[x] is None else j[x] for x in ("mean", "low", "high")]
+            diff = f"{fmt(*bounds)} {claim.metric}"
+            mde = "-" if j.get("mde") is None else f"{j['mde']:.3f}"
+            verdict = _verdict(j["verdict"])
+        text = _cell(SHORT.get(claim.id, claim.text))
+        rows.append(f"| {claim.id} | {text} | {diff} | {mde} | {verdict} |")
+    return rows
+
+
+def findings() -> str:
+    """The whole table (Markdown, no trailing newline)."""
+    return "\n".join([HEAD] + [row for source in TABLES for row in rows_of(source)])
+
+
+def main(argv: list[str]) -> int:
+    if any(a not in ("--write",) for a in argv):
+        print(
+            f"unknown flag(s) {argv}; usage: python -m experiments.lab.findings [--write]",
+            file=sys.stderr,
+        )
+        return 2
+    text = findings()
+    print(text)
+    if "--write" in argv:
+        OUT.write_text(
+            "Findings: one row per claim (generated by `python -m experiments.lab.findings "
+            "--write` from each table's declared claims and committed claims.json).\n\n"
+            + text
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

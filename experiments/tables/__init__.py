@@ -1,0 +1,1 @@
+"""One module per reproduced paper table: its arms and claims, declared before it runs."""

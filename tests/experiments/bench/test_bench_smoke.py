@@ -1,0 +1,142 @@
+"""Every experiments/bench_* module's --smoke run, in this process: an API change that
+breaks a benchmark fails here, not months later on the machine that reruns it. The checks
+are on each report's structure and on what must agree inside it, never on a timing."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from experiments.bench import (
+    bench_model,
+    bench_objectives,
+    bench_rl_step,
+    bench_sampler,
+    bench_trl,
+    bench_verifiers,
+)
+
+
+def _table(text: str, header_start: str) -> list[list[str]]:
+    """The cells of the Markdown table whose header row starts with header_start."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float | int) and math.isfinite(x) and x > 0
+
+
+def test_bench_objectives_smoke_times_every_objective_next_to_its_oracle(tmp_path, capsys):
+    out = tmp_path / "objectives.json"
+    assert bench_objectives.main(["--smoke", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["batch"], result["group"], result["k"]) == (8, 10, 4)
+    expected = [n for n in bench_objectives.cases(4) if bench_objectives.min_group(n, 4) <= 10]
+    assert [r["name"] for r in result["rows"]] == expected
+    for r in result["rows"]:
+        assert all(_positive(r[key]) for key in r if key != "name"), r
+    printed = _table(capsys.readouterr().out, "| function |")
+    assert [row[0] for row in printed] == expected
+
+
+def test_bench_verifiers_smoke_scores_math_and_says_why_code_is_skipped(tmp_path, capsys):
+    out = tmp_path / "verifiers.json"
+    assert bench_verifiers.main(["--smoke", "--workers", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    math_row = result["rows"][0]
+    assert math_row["verifier"] == "math (math-verify)" and math_row["completions"] == 40
+    assert 0 < math_row["mean_score"] < 1  # the batch mixes right and wrong answer forms
+    has_code_row = len(result["rows"]) == 2
+    assert has_code_row == (result["code_skipped"] is None)
+    assert has_code_row == (shutil.which("bwrap") is not None)
+    text = capsys.readouterr().out
+    assert len(_table(text, "| verifier |")) == len(result["rows"])
+    assert ("code row skipped: " in text) != has_code_row
+
+
+def test_bench_model_smoke_reports_both_implementations_against_the_peak(capsys):
+    bench_model.main(["--smoke"])
+    text = capsys.readouterr().out
+    assert text.startswith("smoke model (2 layers, family llama), [B,S]=[2,16], float32")
+    assert "float32 matmul peak" in text
+    rows = _table(text, "| implementation |")
+    assert [r[0] for r in rows] == ["kjax (JAX)", "transformers (PyTorch)"]
+    for r in rows:
+        assert float(r[1]) > 0 and float(r[3]) > 0, r  # fwd and fwd+bwd tok/s
+        assert r[2].endswith("%)") and r[4].endswith("%)"), r  # GFLOP/s (MFU)
+
+
+def test_bench_sampler_smoke_times_kjax_and_transformers_and_skips_tunix(tmp_path, capsys):
+    out = tmp_path / "sampler.json"
+    assert bench_sampler.main(["--smoke", "--tunix_python=", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "smoke"
+    assert _positive(result["peak_gflops_measured"]) and _positive(result["bandwidth_gbs"])
+    (row,) = result["rows"]
+    assert (row["B"], row["N"], row["S"], row["T"]) == (2, 2, 8, 4)
+    assert _positive(row["kjax_tok_s"]) and _positive(row["transformers_tok_s"])
+    assert math.isnan(row["tunix_tok_s"])
+    assert set(result["prefill_s"]) == {"1", "16"}
+    text = capsys.readouterr().out
+    assert "Tunix side skipped: no --tunix_python" in text
+    assert len(_table(text, "| B x N |")) == 1
+
+
+def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_path, capsys):
+    out = tmp_path / "rl_step.json"
+    assert bench_rl_step.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (step,) = result["steps"]
+    assert step["shape"] == "tiny_arith"
+    assert set(step["seconds"]) == {"sample", "verify", "advantages", "update", "step"}
+    assert _positive(step["update_tflops"]) and 0 < step["mfu"]
+    (paths,) = result["update_paths"]
+    # The shared-prompt path computes the reference path's loss: one loss, two layouts.
+    assert paths["loss_diff"] <= 1e-5 * max(1.0, abs(paths["reference"]["loss"]))
+    assert paths["reference"]["flops"] > paths["shared"]["flops"]
+    assert _positive(paths["speedup"])
+    text = capsys.readouterr().out
+    assert len(_table(text, "| shape | params |")) == 1
+
+
+def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys):
+    out = tmp_path / "trl.json"
+    assert bench_trl.main(["--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    kjax, smoke = result["kjax"], bench_trl.SMOKE
+    assert result["trl"] is None and result["trl_over_kjax"] is None
+    config = kjax["config"]
+    assert (config["B"], config["N"], config["T"]) == (
+        smoke["prompts"],
+        smoke["samples"],
+        smoke["tokens"],
+    )
+    assert len(kjax["steps_s"]) == smoke["steps"] and len(kjax["warmup_s"]) == smoke["warmup"]
+    for name in ("sample_s", "score_s", "update_s", "completion_mean_length"):
+        assert len(kjax[name]) == smoke["steps"], name
+    # Every step's prompts, in training order, for TRL's side to train on.
+    rows = result["prompts"]
+    assert len(rows) == smoke["prompts"] * (smoke["steps"] + smoke["warmup"])
+    for row in rows:
+        assert row["prompt"][0]["role"] == "user" and "\\boxed{}" in row["prompt"][0]["content"]
+        assert 0 < len(row["prompt_ids"]) <= config["S"]
+    text = capsys.readouterr().out
+    assert "TRL side skipped" in text
+    assert [r[0] for r in _table(text, "| side |")] == ["kjax"]
+
+
+@pytest.mark.parametrize("module", [bench_objectives, bench_rl_step, bench_sampler, bench_trl])
+def test_every_benchmark_parses_its_own_arguments(module):
+    # The modules are imported together above: none may define process-global flags that
+    # collide with another's (absl's did: --shapes, --steps, --out).
+    assert module.parse_args(["--smoke"]).smoke
