@@ -50,7 +50,7 @@ Compute accounting (per prompt, numpy, exact integers then float64):
     was pruned (its mask count when it left the batch).
   - flops: model FLOPs, `prefill_flops` for the prompt (once, shared) plus, for every
     generated token after the first, one decode pass feeding the previous token
-    (`decode_flops(config, context)`, the formula of `experiments/bench_sampler.py`:
+    (`decode_flops(config, context)`, the formula of `experiments/bench/bench_sampler.py`:
     2 x matmul parameters, unembedding included, + 4 L H E x context for attention scores and
     values), with context = the prompt's real tokens + the position in the completion. The
     first token of each candidate comes from the shared prefill logits and costs no pass.

@@ -94,6 +94,12 @@ TABLES = (
         "bon_frontier_table",
         "docs/tables/bon_frontier.md",
     ),
+    Source(
+        11,
+        f"Asynchronous RL: policy lag x correction (NeMo-RL, verl; kjax) · {COUNTDOWN}",
+        "async_lag_table",
+        "docs/async.md",
+    ),
 )
 
 # README's wording of each claim: the paper's claim in a few words (the source is the
@@ -138,6 +144,13 @@ SHORT = {
     "7a": "pass@k objective beats the mean objective on pass@k",
     "7b": "... and loses pass@1",
     "8a": "label-free RL raises pass@1 over the warm start",
+    "11a": "one step stale with TIS matches on-policy for the mean objective (kjax's margin 0.02)",
+    "11b": "kjax: ... even uncorrected",
+    "11c": "kjax: pass@8 one step stale, exact correction, within 0.02 of on-policy",
+    "11d": "kjax: ... two steps stale",
+    "11e": "kjax: uncorrected, one step stale loses pass@8",
+    "11f": "kjax: ... two steps stale",
+    "11g": "kjax: two steps stale, exact correction beats TIS on pass@8",
     "8b": "TTRL's pass@1 passes the warm start's maj@16",
     "8c": "TTRL's pass@1 within 0.03 of supervised RL's",
     "8a'": "8a from a strong warm start (post hoc)",

@@ -52,7 +52,7 @@ exact variance in every case tried (ratios 0.48-0.89, 3 prompts). For max@k, L_b
 a control variate for how s_i depends on the other samples, which a constant target
 lacks, so the MSE-optimal lam can overshoot: lower variance on binary rewards (exact
 ratios 0.31-0.93), but up to about 20% higher on the continuous toy of
-experiments/estimator_variance.py (--extended), where the best lam was 0.25-0.5.
+experiments/tables/estimator_variance.py (--extended), where the best lam was 0.25-0.5.
 
 The batch couples the rows: a NaN reward anywhere makes every prompt's advantages NaN
 once B >= 3, and an all-equal group gets lam_b (r - M_b) != 0 (an all-wrong prompt is

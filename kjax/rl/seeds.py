@@ -296,7 +296,7 @@ def train_seeds(
     restorable from its last checkpoint.
 
     timer(phase) -> a context manager around each phase's work ("build", "rl_steps",
-    "eval", "io"), for benchmarks (experiments.bench_tables); work inside it is finished
+    "eval", "io"), for benchmarks (experiments.bench.bench_tables); work inside it is finished
     (on the host) when it exits.
     """
     _check(cfgs, workdirs)

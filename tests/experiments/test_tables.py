@@ -21,7 +21,8 @@ from experiments.lab.claims import Claim, ClaimKind
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 MODULES = ("pkpo_toy_figure", "pkpo_kopt_table", "tang2025_table", "maxk_offpolicy_table",
-           "dco_sft_table", "estimators_2026_table", "smollm2_passk", "ttrl_table")  # fmt: skip
+           "dco_sft_table", "estimators_2026_table", "smollm2_passk", "ttrl_table",
+           "async_lag_table")  # fmt: skip
 
 
 def _module(name: str):

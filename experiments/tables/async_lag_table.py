@@ -1,6 +1,6 @@
 """Asynchronous RL: what a policy lag costs, with and without its correction.
 
-  python -m experiments.async_lag_table --workdir=DIR [--seeds=10] [--smoke]
+  python -m experiments.tables.async_lag_table --workdir=DIR [--seeds=10] [--smoke]
 
 At policy lag d the rollouts of RL step t come from the parameters of step t - d (the
 first d steps' from the warm start): what an asynchronous trainer that samples step t +
@@ -28,10 +28,10 @@ import sys
 
 import numpy as np
 
-from experiments import claims, harness, table_cli
-from experiments.claims import Claim, ClaimKind
 from experiments.configs import tiny_countdown
-from experiments.harness import Arm
+from experiments.lab import claims, harness, table_cli
+from experiments.lab.claims import Claim, ClaimKind
+from experiments.lab.harness import Arm
 from kjax.rl.config import LagCorrection, MaxAtKEstimator, Objective, ObjectiveConfig
 
 STEPS, B, N, K = 200, 16, 16, 8
