@@ -96,7 +96,7 @@ TABLES = (
     ),
     Source(
         11,
-        f"Asynchronous RL: policy lag x correction (NeMo-RL, verl; kjax) · {COUNTDOWN}",
+        f"Async RL, policy lag x correction (NeMo-RL, verl) · {COUNTDOWN}",
         "async_lag_table",
         "docs/async.md",
     ),
