@@ -159,7 +159,15 @@ def rl_steps(
 ) -> tuple[TrainState, list[dict]]:
     """`steps` RL steps of the loop (sample, verify, advantages, update) from `state`, on
     the run's training prompts from `start` (default: the beginning, in the cfg.seed
-    order). Returns the final state and each step's metrics row (incl. "time/<stage>")."""
+    order). Returns the final state and each step's metrics row (incl. "time/<stage>").
+    Synchronous only: a run with rl.policy_lag > 0 trains through loop.train_and_evaluate,
+    which keeps the rollouts drawn ahead."""
+    if run.cfg.rl.policy_lag:
+        raise ValueError(
+            f"rl_steps runs the synchronous loop; this run has rl.policy_lag="
+            f"{run.cfg.rl.policy_lag}. Train it with kjax.rl.loop.train_and_evaluate (or "
+            "experiments.train), which samples ahead and checkpoints the pending rollouts."
+        )
     batches = loop.Batches(run.task.train, run.cfg.batch_prompts, run.cfg.seed, start or Position())
     rows = []
     for _ in range(steps):
