@@ -306,10 +306,15 @@ def main(argv: list[str] | None = None) -> int:
             # params + gradients + Adam's two moments, in the params' dtype
             state = 4 * scale.param_count(c) * jnp.dtype(scale.param_dtype(cfg)).itemsize
             bigger = smallest_topology(topology.partition(":")[0], state)
+            # what the least hungry mesh tried needs in all, were it spread evenly
+            need = min(p.peak_bytes * p.chips for p in found)
+            spread = smallest_topology(topology.partition(":")[0], need)
             print(
                 f"{topology}: nothing fits. Smallest slice whose HBM holds params + "
                 f"gradients + optimizer state ({state / GiB:.0f} GiB): "
-                f"{bigger or 'none listed'} (a lower bound)."
+                f"{bigger or 'none listed'} (a lower bound). The mesh tried needs "
+                f"{need / GiB:,.0f} GiB in all (peak x chips); spread evenly that is "
+                f"{spread or 'none listed'} or more (an estimate: compile it to know)."
             )
         elif len(fitting) > 1:
             print(f"{topology}: meshes that fit, fastest projected RL step first:")
