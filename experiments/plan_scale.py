@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"gradients + optimizer state ({state / GiB:.0f} GiB): "
                 f"{bigger or 'none listed'} (a lower bound). The mesh tried needs "
                 f"{need / GiB:,.0f} GiB in all (peak x chips); spread evenly that is "
-                f"{spread or 'none listed'} or more (an estimate: compile it to know)."
+                + (f"{spread} or more" if spread else "more than the largest slice listed")
+                + " (an estimate: compile it to know)."
             )
         elif len(fitting) > 1:
             print(f"{topology}: meshes that fit, fastest projected RL step first:")
