@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             found.append(p)
             print(report(p), flush=True)
         fitting = sorted((p for p in found if p.fits), key=lambda p: p.step_seconds)
-        if found and not fitting:
+        if not found:
+            code = 1
+            print(f"{topology}: no mesh tried could be compiled and measured (above).")
+        elif not fitting:
             code = 1
             # params + gradients + Adam's two moments, in the params' dtype
             state = 4 * scale.param_count(c) * jnp.dtype(scale.param_dtype(cfg)).itemsize

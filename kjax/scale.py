@@ -278,7 +278,13 @@ def compile_one(name: str, fn, *args) -> Compiled:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         overflow = str(e).strip().splitlines()[0]
-        compiled = lowered.compile({"xla_tpu_no_crash_on_oom": True})
+        try:
+            compiled = lowered.compile({"xla_tpu_no_crash_on_oom": True})
+        except jax.errors.JaxRuntimeError as again:  # seen on v5e: "Invalid TPU program."
+            raise ValueError(
+                f"{name}: {overflow} Compiled again past HBM to measure it, the compiler "
+                f"answered: {str(again).strip().splitlines()[0]}"
+            ) from again
         overflow += " Largest buffers per chip: " + "; ".join(
             f"{key} {size / (1 << 30):.2f} GiB ({where or 'no op_name'})"
             for size, key, where in largest_buffers(compiled.as_text())
