@@ -65,6 +65,7 @@ _SLICES = {
     "v5p": ["2x2x1", "2x2x2", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16"],
     "v5e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
     "v6e": ["2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"],
+    "h100": ["1", "2", "4", "8", "16", "32", "64"],  # GPUs ("h100:8"), 8 to a host
 }
 GiB = 1 << 30
 
@@ -301,15 +302,24 @@ def main(argv: list[str] | None = None) -> int:
             found.append(p)
             print(report(p), flush=True)
         fitting = sorted((p for p in found if p.fits), key=lambda p: p.step_seconds)
-        if found and not fitting:
+        if not found:
+            code = 1
+            print(f"{topology}: no mesh tried could be compiled and measured (above).")
+        elif not fitting:
             code = 1
             # params + gradients + Adam's two moments, in the params' dtype
             state = 4 * scale.param_count(c) * jnp.dtype(scale.param_dtype(cfg)).itemsize
             bigger = smallest_topology(topology.partition(":")[0], state)
+            # what the least hungry mesh tried needs in all, were it spread evenly
+            need = min(p.peak_bytes * p.chips for p in found)
+            spread = smallest_topology(topology.partition(":")[0], need)
             print(
                 f"{topology}: nothing fits. Smallest slice whose HBM holds params + "
                 f"gradients + optimizer state ({state / GiB:.0f} GiB): "
-                f"{bigger or 'none listed'} (a lower bound)."
+                f"{bigger or 'none listed'} (a lower bound). The mesh tried needs "
+                f"{need / GiB:,.0f} GiB in all (peak x chips); spread evenly that is "
+                + (f"{spread} or more" if spread else "more than the largest slice listed")
+                + " (an estimate: compile it to know)."
             )
         elif len(fitting) > 1:
             print(f"{topology}: meshes that fit, fastest projected RL step first:")

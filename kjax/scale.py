@@ -235,6 +235,35 @@ class Compiled:
         return max(self.flops / chip.bf16_flops, self.bytes_accessed / chip.hbm_bandwidth)
 
 
+def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str, str]]:
+    """The k largest distinct arrays a compiled module holds per chip: (bytes, type,
+    op_name), read from the results of every instruction outside fusions (a while loop's
+    carried tuple by element), so that an out-of-memory answer can name its tensors. Arrays
+    of one type are listed once (a K and a V cache of one shape share a line)."""
+    comps, _, _ = hlo_stats._parse(hlo_text)
+    inside = {
+        c
+        for instrs in comps.values()
+        for i in instrs
+        if i.op == "fusion"
+        for c in re.findall(r"calls=%([\w.\-]+)", i.attrs)
+    }
+    found: dict[str, tuple[int, str]] = {}
+    for comp, instrs in comps.items():
+        if comp in inside:
+            continue
+        for i in instrs:
+            m = re.search(r'op_name="([^"]*)"', i.attrs)
+            where = "/".join(m.group(1).split("/")[-3:]) if m else ""
+            for dtype, dims in hlo_stats._arrays(i.type):
+                key = f"{dtype}[{','.join(map(str, dims))}]"
+                size = math.prod(dims) * hlo_stats._BITS[dtype] // 8
+                if key not in found or (where and not found[key][1]):
+                    found[key] = size, where
+    top = sorted(found.items(), key=lambda kv: -kv[1][0])[:k]
+    return [(size, key, where) for key, (size, where) in top]
+
+
 def compile_one(name: str, fn, *args) -> Compiled:
     """Lowers and compiles jitted `fn` for abstract `args`; reads the compiler's analyses.
 
@@ -249,7 +278,17 @@ def compile_one(name: str, fn, *args) -> Compiled:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         overflow = str(e).strip().splitlines()[0]
-        compiled = lowered.compile({"xla_tpu_no_crash_on_oom": True})
+        try:
+            compiled = lowered.compile({"xla_tpu_no_crash_on_oom": True})
+        except jax.errors.JaxRuntimeError as again:  # seen on v5e: "Invalid TPU program."
+            raise ValueError(
+                f"{name}: {overflow} Compiled again past HBM to measure it, the compiler "
+                f"answered: {str(again).strip().splitlines()[0]}"
+            ) from again
+        overflow += " Largest buffers per chip: " + "; ".join(
+            f"{key} {size / (1 << 30):.2f} GiB ({where or 'no op_name'})"
+            for size, key, where in largest_buffers(compiled.as_text())
+        )
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None on a GPU target
