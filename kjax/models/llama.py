@@ -261,7 +261,8 @@ def attention(q, k, v, mask, *, with_lse: bool = False):
     qh = (q * (1 / math.sqrt(E))).reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     mask = jnp.broadcast_to(mask, (mask.shape[0], S, T))[:, None, None]  # [B|1,1,1,S,T]
-    out, lse = _attention_core(qh, kh, vh, mask)
+    core = _attention_core if S * T < RECOMPUTE_PROBS_AT else _attention_core_recompute
+    out, lse = core(qh, kh, vh, mask)
     out = out.transpose(0, 3, 1, 2, 4).reshape(B, S, H, E)
     if not with_lse:
         return out
@@ -304,6 +305,47 @@ def _attention_bwd(res, grads):
 
 
 _attention_core.defvjp(_attention_fwd, _attention_bwd)
+
+# From S * T score entries per (row, head) on, the backward recomputes the probabilities
+# from q, k and the saved log-sum-exp instead of keeping them: the float32 [B,H,S,T]
+# probabilities of every layer are what overflowed a v5p chip at 70B (docs/scale.md),
+# and one more q k^T per layer is their price. Below it (every CPU run of the tables:
+# S * T <= ~10^4) nothing changes, so their results stay bit-identical.
+RECOMPUTE_PROBS_AT = 1 << 20
+
+
+@jax.custom_vjp
+def _attention_core_recompute(qh, kh, vh, mask):
+    """_attention_core whose backward recomputes the probabilities (long sequences)."""
+    return _attention_fwd(qh, kh, vh, mask)[0]
+
+
+def _softmax_probs(qh, kh, mask):
+    """(probs [B,K,G,S,T] float32, top, total): the masked softmax of q k^T."""
+    scores = jnp.einsum("bkgse,bkte->bkgst", qh, kh, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores, _NEG)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    unnorm = jnp.exp(scores - top)
+    total = jnp.sum(unnorm, axis=-1, keepdims=True)
+    return unnorm / total, top, total
+
+
+def _recompute_fwd(qh, kh, vh, mask):
+    probs, top, total = _softmax_probs(qh, kh, mask)
+    out = jnp.einsum("bkgst,bkte->bkgse", probs.astype(vh.dtype), vh)
+    lse = _name((top + jnp.log(total))[..., 0], "attn_lse")
+    out = _name(out, "attn_out")
+    return (out, lse), (qh, kh, vh, mask, out)
+
+
+def _recompute_bwd(res, grads):
+    # The same ops as the forward's, so the probabilities, and the gradients, are
+    # bitwise those _attention_core keeps.
+    qh, kh, vh, mask, out = res
+    return _attention_bwd((qh, kh, vh, _softmax_probs(qh, kh, mask)[0], out), grads)
+
+
+_attention_core_recompute.defvjp(_recompute_fwd, _recompute_bwd)
 
 
 def merge_attention(parts):

@@ -246,3 +246,37 @@ def test_backward_keeps_only_the_named_residuals():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
 
     jax.tree.map(close, compiled["default"](params), compiled["plain"](params))
+
+
+def test_long_attention_recomputes_probabilities_with_the_same_gradients(monkeypatch):
+    """From RECOMPUTE_PROBS_AT score entries on, attention's backward recomputes the
+    probabilities instead of saving them: the same values and gradients, bit for bit, and
+    no [.., S, T] float32 residual left in the saved ones."""
+    from kjax.models import llama as llama_lib
+
+    rng = np.random.default_rng(0)
+    B, S, T, H, K, E = 2, 8, 8, 4, 2, 4  # E != T: only the probabilities end in (S, T)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
+               for s in ((B, S, H, E), (B, T, K, E), (B, T, K, E)))  # fmt: skip
+    mask = jnp.tril(jnp.ones((S, T), bool))[None].at[0, :, :3].set(False)  # padded row 0
+    w = jnp.asarray(rng.normal(size=(B, S, H, E)), jnp.float32)
+
+    def loss(q, k, v):
+        out, lse = llama_lib.attention(q, k, v, mask, with_lse=True)
+        return jnp.sum(out * w) + jnp.sum(jnp.sin(lse))
+
+    def run():
+        value, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+        saved = jax.tree.leaves(jax.vjp(loss, q, k, v)[1])  # the vjp's residual arrays
+        return value, grads, saved
+
+    kept = run()
+    monkeypatch.setattr(llama_lib, "RECOMPUTE_PROBS_AT", 1)
+    recomputed = run()
+    assert kept[0] == recomputed[0]
+    for a, b in zip(kept[1], recomputed[1], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    def square(saved):
+        return [r for r in saved if r.shape[-2:] == (S, T) and r.dtype == jnp.float32]
+
+    assert square(kept[2]) and not square(recomputed[2])
