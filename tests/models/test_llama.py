@@ -276,6 +276,7 @@ def test_long_attention_recomputes_probabilities_with_the_same_gradients(monkeyp
     assert kept[0] == recomputed[0]
     for a, b in zip(kept[1], recomputed[1], strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
     def square(saved):
         return [r for r in saved if r.shape[-2:] == (S, T) and r.dtype == jnp.float32]
 
