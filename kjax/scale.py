@@ -515,9 +515,13 @@ class Plan:
 
     @property
     def sampler_peak(self) -> int:
+        """The sampler's peak: the largest of the whole sampler's (when compiled), the
+        prefill's and the decode steps' (a decode step that overflows HBM on its own
+        overflows inside the whole sampler too, whatever its memory analysis says)."""
+        parts = [self.prefill.peak_bytes, *(d.peak_bytes for d in self.decode)]
         if self.sampler is not None:
-            return self.sampler.peak_bytes
-        return max(self.prefill.peak_bytes, self.decode[1].peak_bytes)
+            parts.append(self.sampler.peak_bytes)
+        return max(parts)
 
     @property
     def peak_bytes(self) -> int:
@@ -525,7 +529,12 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.chip.hbm_bytes
+        """Every program's peak within HBM, and none the compiler refused for memory."""
+        programs = [self.update, self.prefill, *self.decode]
+        if self.sampler is not None:
+            programs.append(self.sampler)
+        overflow = any(p.overflow for p in programs)
+        return self.peak_bytes <= self.chip.hbm_bytes and not overflow
 
     @property
     def update_seconds(self) -> float:

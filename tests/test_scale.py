@@ -142,3 +142,15 @@ def test_update_compiles_for_eight_h100s_without_a_gpu():
     # q and o 2 x 1024, k and v 2 x 512, gate, up and down 3 x 2048.
     assert plan.params_bytes == 4 * (256 + 64 + 256 + 2 * 1024 + 2 * 512 + 3 * 2048)
     assert plan.fits
+
+
+def test_a_decode_step_the_compiler_refused_means_it_does_not_fit(plan):
+    """A decode step that ran out of HBM on its own is a plan that does not fit, even
+    when the whole sampler compiled with a smaller reported peak (70B on v5p-128 came
+    out 'fits' that way)."""
+    assert plan.fits
+    refused = dataclasses.replace(plan.decode[1], overflow="RESOURCE_EXHAUSTED: Ran out of memory")
+    small = dataclasses.replace(plan.decode[0], name="sampler", temp_bytes=0)
+    bad = dataclasses.replace(plan, decode=(plan.decode[0], refused), sampler=small)
+    assert not bad.fits
+    assert bad.sampler_peak >= refused.peak_bytes
