@@ -180,13 +180,15 @@ def test_ambiguous_lag_settings_are_refused(changes, says):
 
 
 def test_ppo_exact_with_sequence_ratio_is_accepted():
-    StepConfig(
+    cfg = StepConfig(
         loss=PolicyLoss.PPO,
         epochs=2,
         ratio_level=RatioLevel.SEQUENCE,
         policy_lag=2,
         lag_correction=LagCorrection.EXACT,
     )
+    # every update re-weights, against the behaviour policy the batch carries
+    assert cfg.reweights and not cfg.needs_old_logprobs
 
 
 def test_uncorrected_lag_is_named_in_the_log(tmp_path):
