@@ -276,13 +276,18 @@ def _attention_core(qh, kh, vh, mask):
     return _attention_fwd(qh, kh, vh, mask)[0]
 
 
-def _attention_fwd(qh, kh, vh, mask):
+def _softmax_probs(qh, kh, mask):
+    """(probs [B,K,G,S,T] float32, top, total): the masked softmax of q k^T."""
     scores = jnp.einsum("bkgse,bkte->bkgst", qh, kh, preferred_element_type=jnp.float32)
     scores = jnp.where(mask, scores, _NEG)
     top = jnp.max(scores, axis=-1, keepdims=True)
     unnorm = jnp.exp(scores - top)
     total = jnp.sum(unnorm, axis=-1, keepdims=True)
-    probs = unnorm / total
+    return unnorm / total, top, total
+
+
+def _attention_fwd(qh, kh, vh, mask):
+    probs, top, total = _softmax_probs(qh, kh, mask)
     out = jnp.einsum("bkgst,bkte->bkgse", probs.astype(vh.dtype), vh)
     lse = _name((top + jnp.log(total))[..., 0], "attn_lse")
     probs, out = _name(probs, "attn_probs"), _name(out, "attn_out")
@@ -318,16 +323,6 @@ RECOMPUTE_PROBS_AT = 1 << 20
 def _attention_core_recompute(qh, kh, vh, mask):
     """_attention_core whose backward recomputes the probabilities (long sequences)."""
     return _attention_fwd(qh, kh, vh, mask)[0]
-
-
-def _softmax_probs(qh, kh, mask):
-    """(probs [B,K,G,S,T] float32, top, total): the masked softmax of q k^T."""
-    scores = jnp.einsum("bkgse,bkte->bkgst", qh, kh, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask, scores, _NEG)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    unnorm = jnp.exp(scores - top)
-    total = jnp.sum(unnorm, axis=-1, keepdims=True)
-    return unnorm / total, top, total
 
 
 def _recompute_fwd(qh, kh, vh, mask):
