@@ -193,7 +193,8 @@ def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32
     x, ys = jax.lax.scan(block, x0, (params["layers"], llama.layer_windows(config)))
     x_last = at_last(x)  # unembed one position only
     logits = llama.unembed(params, config, x_last)[:, 0]
-    cache = PromptCache(ys[0], ys[1], prompt_mask, positions[jnp.arange(B), last] + 1)
+    k, v = (sharding.constrain_cache(a) for a in ys[:2])
+    cache = PromptCache(k, v, prompt_mask, positions[jnp.arange(B), last] + 1)
     if not with_hidden:
         return logits, cache
     return logits, cache, hidden_trajectory(params, config, at_last(x0)[:, 0], ys[2])
@@ -320,7 +321,7 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
     out, done = _record(out, 0, jnp.zeros((B, N), bool),
                         *(a.reshape(B, N) for a in first), stop_ids)  # fmt: skip
     own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
-    own = sharding.constrain_batch(own, axis=1)
+    own = sharding.constrain_cache(own)
     state = _Loop(jnp.int32(1), done, own, own, out)
 
     for window, end in _phases(T):
@@ -335,7 +336,7 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
             at = (0, 0, s.step - 1, 0, 0)
             own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
             own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
-            own_k, own_v = (sharding.constrain_batch(a, axis=1) for a in (own_k, own_v))
+            own_k, own_v = (sharding.constrain_cache(a) for a in (own_k, own_v))
             drawn = choose(logits, jax.random.fold_in(key, s.step))
             out, done = _record(s.out, s.step, s.done, *(a.reshape(B, N) for a in drawn),
                                 stop_ids)  # fmt: skip

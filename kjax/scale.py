@@ -374,20 +374,14 @@ def decode_flops(c: LlamaConfig, shape: Shape, window: int) -> float:
     return 2 * (matmul_params(c) + c.hidden_size * c.vocab_size) * rows + attention
 
 
-def kv_axes():
-    """Logical axes of a cache [L, rows, length, K, E]: rows over the batch devices, kv
-    heads over tensor."""
-    return ("layers", "batch", None, "kv_heads", "head_dim")
-
-
 def _cache(shape, dtype, mesh):
-    spec = sharding.logical_to_spec(kv_axes(), shape, mesh)
-    return _abstract(shape, dtype, NamedSharding(mesh, spec))
+    """A cache [L, rows, length, K, E] laid out as the sampler lays it (sharding.cache_spec)."""
+    return _abstract(shape, dtype, NamedSharding(mesh, sharding.cache_spec(shape, mesh)))
 
 
 def kv_cache_bytes(c: LlamaConfig, shape: Shape, dtype, mesh: Mesh) -> int:
     """Per-chip bytes of the sampler's K/V: the prompt's [L,B,S,K,E] once per prompt and
-    each sample's own [L,B*N,T-1,K,E], keys and values, laid out by kv_axes()."""
+    each sample's own [L,B*N,T-1,K,E], keys and values, laid out by sharding.cache_spec."""
     L, K, E = c.num_layers, c.num_kv_heads, c.head_dim
     prompt = _cache((L, shape.B, shape.S, K, E), dtype, mesh)
     own = _cache((L, shape.B * shape.N, max(shape.T - 1, 1), K, E), dtype, mesh)
@@ -448,7 +442,7 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
             at = (0, 0, step - 1, 0, 0)
             own_k = jax.lax.dynamic_update_slice(own_k, k.astype(dtype), at)
             own_v = jax.lax.dynamic_update_slice(own_v, v.astype(dtype), at)
-            own_k, own_v = (sharding.constrain_batch(a, axis=1) for a in (own_k, own_v))
+            own_k, own_v = (sharding.constrain_cache(a) for a in (own_k, own_v))
             drawn = sampling._choose(logits, key, temperature, 0, 1.0, False)
         return own_k, own_v, drawn
 

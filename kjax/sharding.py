@@ -162,3 +162,46 @@ def constrain_batch(x, axis: int = 0, rules=RULES):
     if size <= 1 or x.shape[axis] % size:
         return x
     return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), names))
+
+
+def _axes_of(rule, mesh) -> tuple[str, ...]:
+    names = (rule,) if isinstance(rule, str) else tuple(rule or ())
+    return tuple(n for n in names if n in mesh.shape)
+
+
+def _size(names, mesh) -> int:
+    return int(np.prod([mesh.shape[n] for n in names]))
+
+
+def cache_spec(shape, mesh, rules=RULES) -> PartitionSpec:
+    """Layout of a K/V cache [L, rows, length, K, E] on `mesh` (concrete or abstract).
+
+    The kv heads go over the kv_heads rule's axes (tensor) where those divide K. Where
+    they do not (8 kv heads on tensor 16 or 32), the heads stay whole and the rows go
+    over those axes too, after the batch rule's: otherwise every tensor device would
+    hold its batch group's whole cache (the 8B sampler on v5e-256 needed 33 GiB of
+    cache per chip that way). Axes that do not divide the rows are left out, so a
+    dimension is never split unevenly.
+    """
+    L, rows, length, K, E = shape
+    batch = _axes_of(rules["batch"], mesh)
+    heads = tuple(n for n in _axes_of(rules["kv_heads"], mesh) if n not in batch and mesh.shape[n] > 1)
+    head_spec = None
+    if heads and K % _size(heads, mesh) == 0:
+        head_spec = heads[0] if len(heads) == 1 else heads
+        heads = ()
+    row_axes = batch + heads
+    while row_axes and rows % _size(row_axes, mesh):
+        row_axes = row_axes[:-1]
+    row_spec = (row_axes[0] if len(row_axes) == 1 else row_axes) if row_axes else None
+    return PartitionSpec(None, row_spec, None, head_spec, None)
+
+
+def constrain_cache(x, rules=RULES):
+    """A K/V cache [L, rows, length, K, E] laid out by `cache_spec` when traced under a
+    mesh; x as is without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, cache_spec(x.shape, mesh, rules))
+

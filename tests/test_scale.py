@@ -88,6 +88,20 @@ def test_kv_cache_bytes_by_hand(plan):
     assert plan.kv_bytes == 2 * 4 * per_chip
 
 
+def test_kv_cache_rows_take_tensor_when_it_cannot_split_the_kv_heads(plan):
+    """tensor 4 and 2 kv heads: the heads stay whole and the cache's rows go over tensor
+    (sharding.cache_spec), so each chip holds a quarter of the cache as on fsdp 2 x
+    tensor 2, not its batch group's whole cache (the 8B sampler on v5e-256 needed 33 GiB
+    per chip that way)."""
+    tensor4 = scale.plan(CFG, CONFIG, "v5e:2x2", (1, 1, 4), microbatches=1)
+    assert tensor4.kv_bytes == plan.kv_bytes
+    # The compiler's own figures: the donated cache comes back as large as on the
+    # 2 x 2 mesh (tile padding aside), and the prefill's output no larger either.
+    for four, two in zip(tensor4.decode, plan.decode, strict=True):
+        assert four.output_bytes <= 1.1 * two.output_bytes
+    assert tensor4.prefill.output_bytes <= 1.1 * plan.prefill.output_bytes
+
+
 def test_hlo_stats_counts_a_sharded_scan_per_trip():
     """L matmuls [R,D] @ [D,D] in a scan, weights fsdp-sharded (the partitioner may add a
     windowed-matmul loop inside the scan loop): counted per trip, R/4 rows per chip."""

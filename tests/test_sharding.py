@@ -89,3 +89,24 @@ def test_from_params_places_on_mesh():
     model = from_params(CONFIG, params, mesh=mesh)
     assert model.params()["layers"]["gate"].sharding.spec == P(None, "fsdp", "tensor")
     np.testing.assert_array_equal(model.params()["embed"], params["embed"])
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, rows, expected",
+    [
+        # kv heads over tensor where it divides them; rows over data and fsdp.
+        ((2, 2, 2), 8, P(None, ("data", "fsdp"), None, "tensor", None)),
+        # tensor 4 cannot split 2 kv heads: the heads stay whole, the rows take tensor
+        # too, so no device holds another's rows.
+        ((1, 2, 4), 8, P(None, ("data", "fsdp", "tensor"), None, None, None)),
+        # ... unless tensor does not divide the rows either: then as before.
+        ((1, 2, 4), 6, P(None, ("data", "fsdp"), None, None, None)),
+        ((8, 1, 1), 4, P(None, None, None, None, None)),  # 4 rows cannot split 8 ways
+    ],
+)
+def test_cache_spec_shards_the_rows_over_tensor_when_it_cannot_split_the_kv_heads(
+    mesh_shape, rows, expected
+):
+    mesh = sharding.make_mesh(*mesh_shape)
+    K = CONFIG.num_kv_heads
+    assert sharding.cache_spec((2, rows, 5, K, 4), mesh) == expected
