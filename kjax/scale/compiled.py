@@ -1,0 +1,126 @@
+"""One program compiled for a topology: what the compiler reports per chip (memory_analysis,
+the HLO's FLOPs, bytes and collectives per loop trip), and its largest arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+
+import jax
+
+from kjax import hlo_stats
+from kjax.scale.chips import Chip
+
+UNBOUNDED_HBM_MIB = 1 << 24  # 16 TiB: what a chip would need, when it is more than it has
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What the TPU compiler reports for one program on one chip."""
+
+    name: str
+    seconds: float  # lower + compile wall time
+    flops: float  # loops counted per trip (kjax.hlo_stats)
+    bytes_accessed: float  # HBM traffic, loops counted per trip (kjax.hlo_stats)
+    xla_flops: float  # cost_analysis(): every loop body counted once
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    collectives: dict[str, tuple[int, int]]
+    unbounded_loops: int
+    overflow: str | None = None  # the compiler's out-of-memory message, if it gave one
+
+    @property
+    def peak_bytes(self) -> int:
+        """Arguments + outputs not aliased to (donated) arguments + temporaries + code."""
+        return (
+            self.argument_bytes
+            + self.output_bytes
+            - self.alias_bytes
+            + self.temp_bytes
+            + self.code_bytes
+        )
+
+    def seconds_on(self, chip: Chip) -> float:
+        """Roofline time: max(FLOPs / peak FLOP/s, bytes accessed / HBM bandwidth)."""
+        return max(self.flops / chip.bf16_flops, self.bytes_accessed / chip.hbm_bandwidth)
+
+
+def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str, str]]:
+    """The k largest distinct arrays a compiled module holds per chip: (bytes, type,
+    op_name), read from the results of every instruction outside fusions (a while loop's
+    carried tuple by element), so that an out-of-memory answer can name its tensors. Arrays
+    of one type are listed once (a K and a V cache of one shape share a line)."""
+    comps, _, _ = hlo_stats._parse(hlo_text)
+    inside = {
+        c
+        for instrs in comps.values()
+        for i in instrs
+        if i.op == "fusion"
+        for c in re.findall(r"calls=%([\w.\-]+)", i.attrs)
+    }
+    found: dict[str, tuple[int, str]] = {}
+    for comp, instrs in comps.items():
+        if comp in inside:
+            continue
+        for i in instrs:
+            m = re.search(r'op_name="([^"]*)"', i.attrs)
+            where = "/".join(m.group(1).split("/")[-3:]) if m else ""
+            for dtype, dims in hlo_stats._arrays(i.type):
+                key = f"{dtype}[{','.join(map(str, dims))}]"
+                size = math.prod(dims) * hlo_stats._BITS[dtype] // 8
+                if key not in found or (where and not found[key][1]):
+                    found[key] = size, where
+    top = sorted(found.items(), key=lambda kv: -kv[1][0])[:k]
+    return [(size, key, where) for key, (size, where) in top]
+
+
+def compile_one(name: str, fn, *args) -> Compiled:
+    """Lowers and compiles jitted `fn` for abstract `args`; reads the compiler's analyses.
+
+    A program that does not fit the chip's HBM is compiled again against a pretend HBM of
+    UNBOUNDED_HBM_MIB, so that its memory_analysis says by how much (`overflow`)."""
+    start = time.perf_counter()
+    lowered = fn.lower(*args)
+    overflow = None
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        overflow = str(e).strip().splitlines()[0]
+        try:
+            compiled = lowered.compile({"xla_tpu_no_crash_on_oom": True})
+        except jax.errors.JaxRuntimeError as again:  # seen on v5e: "Invalid TPU program."
+            raise ValueError(
+                f"{name}: {overflow} Compiled again past HBM to measure it, the compiler "
+                f"answered: {str(again).strip().splitlines()[0]}"
+            ) from again
+        overflow += " Largest buffers per chip: " + "; ".join(
+            f"{key} {size / (1 << 30):.2f} GiB ({where or 'no op_name'})"
+            for size, key, where in largest_buffers(compiled.as_text())
+        )
+    seconds = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None on a GPU target
+    mem = compiled.memory_analysis()
+    stats = hlo_stats.module_stats(compiled.as_text())
+    return Compiled(
+        name=name,
+        seconds=seconds,
+        flops=stats.flops,
+        bytes_accessed=stats.bytes,
+        xla_flops=float(cost.get("flops", 0.0)),
+        argument_bytes=mem.argument_size_in_bytes,
+        output_bytes=mem.output_size_in_bytes,
+        alias_bytes=mem.alias_size_in_bytes,
+        temp_bytes=mem.temp_size_in_bytes,
+        code_bytes=mem.generated_code_size_in_bytes,
+        collectives=stats.collectives,
+        unbounded_loops=stats.unbounded_loops,
+        overflow=overflow,
+    )
