@@ -229,17 +229,18 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     query_pos = jnp.broadcast_to((prompt.next_pos + step - 1)[:, None], (B, N))
     own_pos = jnp.arange(window)[None]
 
+    K = config.num_kv_heads
+
     def own_attention(q, k, v, mask):
         # Where the cache's rows take the tensor axis (sharding.cache_spec), the queries
         # move to those rows for this attention and back; elsewhere both are no-ops.
-        K = config.num_kv_heads
         out, lse = llama.attention(sharding.to_cache_rows(q, K), k, v, mask, with_lse=True)
         return sharding.from_cache_rows(out, K), sharding.from_cache_rows(lse, K)
 
     def block(x, inputs):
         layer, lw, pk, pv, ok, ov = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
-        q = sharding.from_cache_rows(q, config.num_kv_heads)  # the layout own_attention leaves
+        q = sharding.from_cache_rows(q, K)  # the layout own_attention leaves
         pm = llama.windowed(prompt_mask, lw, query_pos, prompt_pos)
         om = llama.windowed(past_mask, lw, jnp.full((1, 1), step - 1), own_pos)
         out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, pm, with_lse=True)
