@@ -1,10 +1,9 @@
 """Per-op profile of one loss+grad step at the SmolLM2-135M shape: kjax (HLO ops) vs PyTorch.
 
-Command: python -m experiments.bench.profile_model [--layers 4] [--batch 16 --seq 128]
-[--vocab 0] [--json PATH] [--smoke]; for the AVX2 question prefix it with
-XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2.
-Prints per-class and per-op Markdown tables, each dot's FLOPs from the optimised HLO and
-its GFLOP/s against the float32 matmul peak measured in the same process.
+Command: python -m experiments.bench.profile_model [--layers 4] [--vocab 0] [--json PATH]
+[--smoke]; prefix XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 for the AVX2 question. ~5 minutes at --layers 30 on 2 cores; the
+figures measured so are in docs/performance.md ("Per op under the cap").
 """
 
 from __future__ import annotations
@@ -96,7 +95,8 @@ def _dot(hlo: dict, name: str) -> tuple[float, str]:
     lhs, rhs = (hlo[a]["dims"] for a in instr["args"][:2])
     lc, rc = (_ints(f"{side}_contracting_dims", instr["rest"]) for side in ("lhs", "rhs"))
     flops = 2.0 * math.prod(instr["dims"]) * math.prod(lhs[d] for d in lc)
-    return flops, f"{lhs}x{rhs} c=({','.join(map(str, lc))};{','.join(map(str, rc))})"
+    lhs_s, rhs_s, lc_s, rc_s = (",".join(map(str, v)) for v in (lhs, rhs, lc, rc))
+    return flops, f"[{lhs_s}]x[{rhs_s}] c=({lc_s};{rc_s})"
 
 
 def _ints(attr: str, rest: str) -> list[int]:
@@ -227,6 +227,8 @@ def report(result: dict, top: int) -> str:
                    f"passes), {s['traced_s']:.3f} s traced; ms are traced, GFLOP/s are "
                    f"share x untraced step\n")  # fmt: skip
         if side == "kjax":
+            out.append("(XLA's fallback dots run asynchronously beside other ops: an op's time")
+            out.append("runs from its start to its completion, and the shares can sum past 100%)\n")
             out += [f"| class | {_COLUMNS} |", "|---|---|---|---|---|"]
             out += [f"| {c['class']} | {_fmt(c)} |" for c in s["classes"]]
             out.append("")
