@@ -17,6 +17,7 @@ from experiments.bench import (
     bench_sampler,
     bench_trl,
     bench_verifiers,
+    profile_model,
 )
 
 
@@ -74,6 +75,36 @@ def test_bench_model_smoke_reports_both_implementations_against_the_peak(capsys)
     for r in rows:
         assert float(r[1]) > 0 and float(r[3]) > 0, r  # fwd and fwd+bwd tok/s
         assert r[2].endswith("%)") and r[4].endswith("%)"), r  # GFLOP/s (MFU)
+
+
+def test_profile_model_smoke_splits_both_steps_into_ops_that_add_up(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert profile_model.main(["--smoke", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"] == {"layers": 2, "vocab": 128, "hidden": 32, "batch": 2, "seq": 16}
+    assert _positive(result["peak_gflops"])
+    kjax, torch = result["kjax"], result["torch"]
+    classes = {c["class"] for c in kjax["classes"]}
+    assert {"dot (YNNPACK)", "dot (XLA fallback)"} <= classes, classes
+    for side in (kjax, torch):
+        assert _positive(side["traced_s"]) and _positive(side["untraced_s"])
+        for key in ("ms", "gflop"):  # the classes partition the ops
+            total = sum(r[key] for r in side["ops"])
+            assert math.isclose(sum(c[key] for c in side["classes"]), total, rel_tol=1e-9)
+    # Every dot's FLOPs come from its HLO shapes; the layer scan's ops run once per layer.
+    dots = [r for r in kjax["ops"] if r["class"].startswith("dot")]
+    assert all(r["gflop"] > 0 and "x" in r["shapes"] for r in dots)
+    assert {r["count"] for r in dots} == {1, 2}
+    # The step's matmuls: 3x the forward's (bench_model's count), once as kjax's HLO has them.
+    c = profile_model.SMOKE
+    flops = 3 * 2 * 16 * bench_model.model_flops_per_token(c, 16)
+    assert math.isclose(sum(r["gflop"] for r in dots) * 1e9, flops, rel_tol=0.05)
+    assert any(r["gflop"] > 0 for r in torch["ops"])  # torch's profiler counted its matmuls
+    text = capsys.readouterr().out
+    assert text.startswith(result["header"]) and "float32 matmul peak" in text
+    assert [r[0] for r in _table(text, "| class |")] == [c["class"] for c in kjax["classes"]]
+    assert len(_table(text, "| kjax op |")) == min(15, len(kjax["ops"]))
+    assert len(_table(text, "| torch op |")) == min(15, len(torch["ops"]))
 
 
 def test_bench_sampler_smoke_times_kjax_and_transformers_and_skips_tunix(tmp_path, capsys):
