@@ -241,6 +241,7 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
         layer, lw, pk, pv, ok, ov = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
         q = sharding.from_cache_rows(q, K)  # the layout own_attention leaves
+        k, v = (sharding.from_cache_rows(a, K, axes=("batch", None, None, None)) for a in (k, v))
         pm = llama.windowed(prompt_mask, lw, query_pos, prompt_pos)
         om = llama.windowed(past_mask, lw, jnp.full((1, 1), step - 1), own_pos)
         out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, pm, with_lse=True)
