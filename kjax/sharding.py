@@ -124,9 +124,13 @@ def shard(module: nnx.Module, mesh: Mesh, rules=RULES) -> nnx.Module:
     return nnx.merge(graphdef, jax.device_put(state, shardings_for(state, mesh, rules)))
 
 
-def _batch_names(mesh, rules) -> tuple[str, ...]:
-    target = rules["batch"]
-    return tuple(n for n in ((target,) if isinstance(target, str) else target) if n in mesh.shape)
+def _axes_of(rule, mesh) -> tuple[str, ...]:
+    names = (rule,) if isinstance(rule, str) else tuple(rule or ())
+    return tuple(n for n in names if n in mesh.shape)
+
+
+def _size(names, mesh) -> int:
+    return int(np.prod([mesh.shape[n] for n in names]))
 
 
 def traced_mesh_axes() -> tuple[tuple[str, ...], int]:
@@ -157,20 +161,11 @@ def constrain_batch(x, axis: int = 0, rules=RULES):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    names = _batch_names(mesh, rules)
-    size = int(np.prod([mesh.shape[n] for n in names]))
+    names = _axes_of(rules["batch"], mesh)
+    size = _size(names, mesh)
     if size <= 1 or x.shape[axis] % size:
         return x
     return jax.lax.with_sharding_constraint(x, PartitionSpec(*([None] * axis), names))
-
-
-def _axes_of(rule, mesh) -> tuple[str, ...]:
-    names = (rule,) if isinstance(rule, str) else tuple(rule or ())
-    return tuple(n for n in names if n in mesh.shape)
-
-
-def _size(names, mesh) -> int:
-    return int(np.prod([mesh.shape[n] for n in names]))
 
 
 def cache_spec(shape, mesh, rules=RULES) -> PartitionSpec:
@@ -212,9 +207,8 @@ def _cache_rows_take_heads_axes(rows: int, K: int, mesh, rules) -> tuple | None:
     rows over a kv_heads axis (tensor cannot split the heads); None otherwise."""
     spec = cache_spec((1, rows, 1, K, 1), mesh, rules)
     row = spec[1]
-    names = (row,) if isinstance(row, str) else tuple(row or ())
-    heads = _axes_of(rules["kv_heads"], mesh)
-    return row if any(n in heads for n in names) else None
+    names = row if isinstance(row, tuple) else (row,)
+    return row if set(names) & set(_axes_of(rules["kv_heads"], mesh)) else None
 
 
 def to_cache_rows(x, num_kv_heads: int, rules=RULES):
