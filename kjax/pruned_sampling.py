@@ -321,9 +321,7 @@ def _decode(params, prompt: PromptCache, state: _State, key, temperature, *,
             passed = sampling._decode_logits(params, config, prompt, s.own_k, s.own_v, fed,
                                              s.step, window, dtype, with_hidden=st_bon)  # fmt: skip
             logits, k, v = passed[:3]
-            at = (0, 0, s.step - 1, 0, 0)
-            own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
-            own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
+            own_k, own_v = sampling.write_own(s.own_k, s.own_v, k, v, s.step, dtype)
             u = _uniforms(key, s.step, s.candidates, n)
             drawn = _choose(logits, u, temperature, top_k, top_p, greedy)
             out, done = sampling._record(s.out, s.step, s.done,

@@ -263,6 +263,15 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     return logits, ys[0], ys[1], hidden_trajectory(params, config, x0[:, 0], ys[2])
 
 
+def write_own(own_k, own_v, k, v, step, dtype):
+    """The own K/V caches [L,B*N,C,K,E] with the token fed at `step` (k, v [L,B*N,1,K,E])
+    written into slot step - 1, laid out by sharding.cache_spec."""
+    at = (0, 0, step - 1, 0, 0)
+    own_k = jax.lax.dynamic_update_slice(own_k, k.astype(dtype), at)
+    own_v = jax.lax.dynamic_update_slice(own_v, v.astype(dtype), at)
+    return sharding.constrain_cache(own_k), sharding.constrain_cache(own_v)
+
+
 # ----------------------------------------------------------------------------- sampler
 
 
@@ -343,10 +352,7 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
             fed = jax.lax.dynamic_index_in_dim(s.out.tokens, s.step - 1, 2, keepdims=False)
             logits, k, v = _decode_logits(params, config, prompt, s.own_k, s.own_v, fed,
                                           s.step, window, dtype)  # fmt: skip
-            at = (0, 0, s.step - 1, 0, 0)
-            own_k = jax.lax.dynamic_update_slice(s.own_k, k.astype(dtype), at)
-            own_v = jax.lax.dynamic_update_slice(s.own_v, v.astype(dtype), at)
-            own_k, own_v = (sharding.constrain_cache(a) for a in (own_k, own_v))
+            own_k, own_v = write_own(s.own_k, s.own_v, k, v, s.step, dtype)
             drawn = choose(logits, jax.random.fold_in(key, s.step))
             out, done = _record(s.out, s.step, s.done, *(a.reshape(B, N) for a in drawn),
                                 stop_ids)  # fmt: skip

@@ -153,10 +153,7 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
             logits, k, v = sampling._decode_logits(
                 params, c, prompt, own_k, own_v, fed, step, window, dtype
             )
-            at = (0, 0, step - 1, 0, 0)
-            own_k = jax.lax.dynamic_update_slice(own_k, k.astype(dtype), at)
-            own_v = jax.lax.dynamic_update_slice(own_v, v.astype(dtype), at)
-            own_k, own_v = (sharding.constrain_cache(a) for a in (own_k, own_v))
+            own_k, own_v = sampling.write_own(own_k, own_v, k, v, step, dtype)
             drawn = sampling._choose(logits, key, temperature, 0, 1.0, False)
         return own_k, own_v, drawn
 
