@@ -156,6 +156,12 @@ def _trip_count(instr: _Instr, comps, by_name) -> int | None:
     return max(0, -(-(limit - start) // max(step, 1)))
 
 
+def computations(hlo_text: str) -> dict[str, list[_Instr]]:
+    """Each computation of a compiled module's HLO text and its instructions (name, type,
+    op, operand names, attributes), in text order."""
+    return _parse(hlo_text)[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleStats:
     flops: float

@@ -29,6 +29,8 @@ from experiments.bench.bench_model import (
     matmul_fns,
     torch_fns,
 )
+from experiments.lab.provenance import cpu_features, cpu_model
+from kjax import hlo_stats
 
 # Opcodes that only move data: a fusion made of these alone is a copy or transpose.
 _MOVES = set(
@@ -37,46 +39,35 @@ _MOVES = set(
 )
 # Thunks that only contain others: their events would count their bodies twice.
 _CONTAINERS = {"while", "conditional", "call"}
-_INSTR = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+"
-    r"(?P<op>[\w\-]+)\((?P<args>[^)]*)\)(?P<rest>.*)$"
-)
-_COMP = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s+\(.*\{\s*$")
 
 
 def cpu_header() -> str:
     """The CPU model, the vector ISAs that matter here, and whether the AVX2 caps are set."""
-    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    model = re.search(r"model name\s*:\s*(.*)", info)
-    flags = set((re.search(r"flags\s*:\s*(.*)", info) or re.match("", "")).group(0).split())
-    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if f in flags]
+    isa = [f for f in cpu_features() if f in ("avx2", "fma", "avx512f", "avx512_bf16")]
     caps = {k: os.environ.get(k, "") for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
     xla = re.findall(r"--xla_cpu_max_isa=\S+", os.environ.get("XLA_FLAGS", ""))
     caps["XLA_FLAGS"] = " ".join(xla)
     capped = ", ".join(f"{k}={v}" for k, v in caps.items() if v) or "none (native ISA)"
-    name = model.group(1).strip() if model else "unknown CPU"
-    return f"{name} ({os.cpu_count()} cores; {', '.join(isa) or 'no AVX2'}); ISA caps: {capped}"
+    isas = ", ".join(isa) or "no AVX2"
+    return f"{cpu_model()} ({os.cpu_count()} cores; {isas}); ISA caps: {capped}"
 
 
 def parse_hlo(text: str) -> dict:
-    """Instruction name -> {op, dims, args, rest, comp} over the whole module (HLO names
-    are module-unique), plus computation name -> its instruction names under key None."""
-    table, comps, comp = {}, {}, None
-    for line in text.splitlines():
-        line = re.sub(r"/\*.*?\*/", "", line)  # long tuples carry /*index=5*/ comments
-        if (m := _COMP.match(line)) and " = " not in line.split("(")[0]:
-            comp = m.group("name")
-            comps[comp] = []
-        elif (m := _INSTR.match(line)) and comp is not None:
-            dims = re.match(r"\w+\[([\d,]*)\]", m.group("shape"))
-            table[m.group("name")] = {
-                "op": m.group("op"),
+    """Instruction name -> {op, dims, args, rest} over the whole module (HLO names are
+    module-unique; kjax.hlo_stats parses it), plus computation name -> its instruction
+    names under key None."""
+    comps = hlo_stats.computations(text)
+    table = {}
+    for body in comps.values():
+        for i in body:
+            dims = re.match(r"\w+\[([\d,]*)\]", i.type)
+            table[i.name] = {
+                "op": i.op,
                 "dims": [int(d) for d in dims.group(1).split(",") if d] if dims else None,
-                "args": re.findall(r"%([\w.\-]+)", m.group("args")),
-                "rest": m.group("rest"),
+                "args": i.operands,
+                "rest": i.attrs,
             }
-            comps[comp].append(m.group("name"))
-    table[None] = comps
+    table[None] = {comp: [i.name for i in body] for comp, body in comps.items()}
     return table
 
 
