@@ -301,7 +301,30 @@ def finish_update(c: Components, p: Prepared, metrics, t_update: float, t0: floa
     metrics = {n: float(x) for n, x in jax.device_get(metrics).items()}
     timing = {**p.timing, "update": time.perf_counter() - t_update}
     timing["step"] = time.perf_counter() - t0
-    return step_row(c.cfg, p.step, metrics, p.kept, p.sample_batches, timing, p.tallies, p.votes)
+    row = step_row(c.cfg, p.step, metrics, p.kept, p.sample_batches, timing, p.tallies, p.votes)
+    return {**row, **token_stats(p.batch["mask"], timing["step"])}
+
+
+def token_stats(mask: np.ndarray, seconds: float) -> dict[str, float]:
+    """What a step computed on real tokens, from its completions' mask [B, N, T] (host):
+
+    tokens/real: completion tokens the update trains on (mask True);
+    tokens/padding: the fraction of the update's B N T positions that are padding;
+    tokens/sampler_padding: the fraction of the sampler's decode row-steps spent on rows
+      that had stopped (every row runs until the batch's longest completion stops, so
+      B N max_len row-steps, of which tokens/real are real);
+    tokens/real_per_s: tokens/real over the step's wall seconds (the figure to compare
+      across padding strategies; tokens per second over B N T would count padding).
+    """
+    real = int(mask.sum())
+    longest = int(mask.any(axis=(0, 1)).nonzero()[0].max(initial=-1)) + 1
+    rows = mask.shape[0] * mask.shape[1]
+    return {
+        "tokens/real": real,
+        "tokens/padding": 1.0 - real / mask.size if mask.size else 0.0,
+        "tokens/sampler_padding": 1.0 - real / (rows * longest) if longest else 0.0,
+        "tokens/real_per_s": real / seconds if seconds > 0 else float("nan"),
+    }
 
 
 def rl_step(c: Components, state: TrainState, batches: Batches) -> tuple[TrainState, dict]:
@@ -490,8 +513,10 @@ def postfix(row: dict, last_eval: dict, n_eval: int) -> dict[str, str]:
         "pass@1": last_eval.get("eval/pass@1"),
         f"pass@{n_eval}": last_eval.get(f"eval/pass@{n_eval}"),
     }
+    real = row.get("tokens/real_per_s")
     return {
         "reward": f"{row['reward_mean']:.3f}",
+        **({"tok/s": f"{real:.0f}", "pad": f"{row['tokens/padding']:.0%}"} if real else {}),
         **{name: f"{v:.3f}" for name, v in shown.items() if v is not None},
     }
 

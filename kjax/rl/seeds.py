@@ -217,6 +217,7 @@ def _step(L: _Lockstep, state: TrainState, step: int, batches, alive) -> tuple:
         tallies = {name: int(count) for name, count in v.counts.items()}
         m = {name: float(x[s]) for name, x in metrics.items()}
         row = loop.step_row(c.cfg, step, m, cfg.batch_prompts, 1, timing, tallies, votes)
+        row.update(loop.token_stats(mask[s], timing["step"]))
         rows[s] = {**row, "lockstep_seeds": len(alive)}
     return state, rows
 

@@ -34,6 +34,19 @@ def test_fill_batch_drops_uninformative_groups_and_refills_in_order():
     assert batch["id"].tolist() == [0, 1, 2] and kept == 3
 
 
+def test_token_stats_count_real_tokens_and_both_paddings():
+    # 2 prompts x 2 samples x T=5: completions of 1, 3, 0 and 2 tokens (6 real).
+    lengths = np.array([[1, 3], [0, 2]])
+    mask = np.arange(5)[None, None, :] < lengths[..., None]
+    stats = loop.token_stats(mask, seconds=2.0)
+    assert stats["tokens/real"] == 6
+    assert stats["tokens/padding"] == pytest.approx(1 - 6 / 20)  # of B N T = 20 positions
+    assert stats["tokens/sampler_padding"] == pytest.approx(1 - 6 / 12)  # 4 rows x longest 3
+    assert stats["tokens/real_per_s"] == pytest.approx(3.0)
+    empty = loop.token_stats(np.zeros((1, 2, 4), bool), seconds=1.0)
+    assert empty["tokens/real"] == 0 and empty["tokens/sampler_padding"] == 0.0
+
+
 def test_group_metrics_match_the_enumeration_oracles():
     rng = np.random.default_rng(0)
     answers = rng.integers(-1, 3, size=(5, 8)).astype(np.int32)
