@@ -22,6 +22,7 @@ import sys
 
 from experiments.lab import harness
 from experiments.lab.claims import fmt
+from kjax.files import write_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
@@ -120,9 +121,12 @@ SHORT = {
     "2b": "... and loses pass@1",
     "2c": "kjax: k_opt = 16 beats k_opt = 1 on pass@16",
     "2d": "kjax: annealing 8 -> 1 beats k_opt = 8 on pass@1",
-    "2e": "kjax: annealing beats k_opt = 1 on pass@16",
-    "2d'": "annealing gets both: pass@1 within 0.02 of k_opt = 1 (post hoc)",
-    "2e'": "... and pass@16 within 0.02 of k_opt = 8 (post hoc)",
+    "2e": "annealing 8 -> 1 beats k_opt = 1 on pass@16 (PKPO's body; restated post hoc)",
+    "2e.2": "... on pass@2 (post hoc)",
+    "2e.4": "... on pass@4 (post hoc)",
+    "2e.8": "... on pass@8 (post hoc)",
+    "2d'": "... with no sacrifice in pass@1: non-inferior at margin 0 (restated post hoc)",
+    "2e'": "kjax: annealing's pass@16 within 0.02 of k_opt = 8 (post hoc)",
     "3a": "off-policy max@k update (first-order) beats fixed advantages",
     "3b": "kjax: exact re-weighting beats fixed advantages",
     "3c": "kjax: 3 re-weighted epochs beat 1 at equal samples",
@@ -139,25 +143,29 @@ SHORT = {
     "6e": "kjax: ... on pass@16",
     "6d'": "L2O beats the non-centred LOO-1 on pass@8 (post hoc)",
     "6e'": "... on pass@16 (post hoc)",
-    "6f": "MaxRL's pass@1 at most 0.02 below the mean objective's (kjax's margin, post hoc)",
-    "6g": "MaxRL beats the mean objective on pass@16",
+    "6f": "MaxRL's pass@1 at most 0.02 below the mean objective's (kjax's margin, post hoc; "
+    "the paper's comparator is GRPO, kjax's RLOO)",
+    "6g": "MaxRL beats the mean objective on pass@16 (comparator: GRPO there, RLOO here)",
     "7a": "pass@k objective beats the mean objective on pass@k",
     "7b": "... and loses pass@1",
     "8a": "label-free RL raises pass@1 over the warm start",
-    "11a": "one step stale with TIS matches on-policy for the mean objective (kjax's margin 0.02)",
-    "11b": "kjax: ... even uncorrected",
-    "11c": "kjax: pass@8 one step stale, exact correction, within 0.02 of on-policy",
-    "11d": "kjax: ... two steps stale",
+    "11a": "one step stale with IS correction matches on-policy for the mean objective "
+    "(NeMo-RL; kjax's TIS and margin 0.02; source restated post hoc)",
+    "11b": "... and uncorrected (verl's one-step-off mode; kjax's margin 0.02; restated post hoc)",
+    "11c": "kjax: pass@8 one step stale, exact correction, within 0.02 of on-policy "
+    "(uncorrected runs are equally close: 11e)",
+    "11d": "kjax: ... two steps stale (uncorrected equally close: 11f)",
     "11e": "kjax: uncorrected, one step stale loses pass@8",
     "11f": "kjax: ... two steps stale",
     "11g": "kjax: two steps stale, exact correction beats TIS on pass@8",
     "8b": "TTRL's pass@1 passes the warm start's maj@16",
-    "8c": "TTRL's pass@1 within 0.03 of supervised RL's",
+    "8c": "TTRL's pass@1 within 0.03 of supervised RL's (kjax's margin)",
     "8a'": "8a from a strong warm start (post hoc)",
     "8b'": "8b from a strong warm start (post hoc)",
-    "8c'": "8c from a strong warm start (post hoc)",
+    "8c'": "8c from a strong warm start (kjax's margin; post hoc)",
     "10a": "one distilled sample close to the warm start's best-of-8: within 0.05 (kjax's margin)",
-    "10c": "BoN distillation raises the mean reward over the warm start",
+    "10c": "BoN distillation raises the mean reward over the warm start (vBoN's premise; "
+    "kjax's test)",
     "10b.2": "BoN distillation on or above KL-regularised RL's reward-KL frontier, n = 2 "
     "(kjax's margin 0.01)",
     "10b.4": "... n = 4",
@@ -165,25 +173,27 @@ SHORT = {
     "10b.16": "... n = 16",
 }
 
-HEAD = "| # | claim | kjax: diff [95% CI] | MDE | verdict |\n|---|---|---|---|---|"
+HEAD = (
+    "| # | claim | paper's own number | kjax: diff [95% CI] | MDE | verdict |\n"
+    "|---|---|---|---|---|---|"
+)
 
 
 def _cell(text: str) -> str:
     return " ".join(text.replace("|", "/").split())
 
 
-def _verdict(verdict: str) -> str:
-    """The verdict in few words: "not reproduced (no effect larger than m)" is
-    "no effect > m", "not reproduced (inconclusive)" "inconclusive"."""
-    m = re.fullmatch(r"not reproduced \((?:no effect larger than (.+)|(inconclusive))\)", verdict)
-    if m is None:
-        return _cell(verdict)
-    return m.group(2) or f"no effect > {m.group(1)}"
+def _paper(claim) -> str:
+    """The paper's own number for the claim (Claim.paper_number), "kjax's claim" for a
+    comparison no paper makes, "-" where the paper gives no number."""
+    if claim.paper_number:
+        return _cell(claim.paper_number)
+    return "kjax's claim" if claim.text.startswith("kjax") else "-"
 
 
 def _header(source: Source) -> str:
     """The row that opens a table's claims: its number, linked to its page, and heading."""
-    return f"| **[{source.number}]({source.page})** | **{source.heading}** | | | |"
+    return f"| **[{source.number}]({source.page})** | **{source.heading}** | | | | |"
 
 
 def _rows_of_page(source: Source) -> list[str]:
@@ -197,7 +207,8 @@ def _rows_of_page(source: Source) -> list[str]:
             claim, paper, verdict = m.groups()
             exact = re.fullmatch(r"(.+) \(exact: (.+)\)", verdict)  # the numbers: the diff
             diff, verdict = (exact[2], f"{exact[1]} (exact)") if exact else ("exact", verdict)
-            rows.append(f"| {claim} | {SHORT.get(claim, paper)} | {diff} | - | {verdict} |")
+            row = f"| {claim} | {SHORT.get(claim, paper)} | - | {diff} | - | {verdict} |"
+            rows.append(row)
     return rows
 
 
@@ -219,9 +230,9 @@ def rows_of(source: Source) -> list[str]:
             bounds = [math.nan if j[x] is None else j[x] for x in ("mean", "low", "high")]
             diff = f"{fmt(*bounds)} {claim.metric}"
             mde = "-" if j.get("mde") is None else f"{j['mde']:.3f}"
-            verdict = _verdict(j["verdict"])
+            verdict = _cell(j["verdict"])
         text = _cell(SHORT.get(claim.id, claim.text))
-        rows.append(f"| {claim.id} | {text} | {diff} | {mde} | {verdict} |")
+        rows.append(f"| {claim.id} | {text} | {_paper(claim)} | {diff} | {mde} | {verdict} |")
     return rows
 
 
@@ -240,11 +251,12 @@ def main(argv: list[str]) -> int:
     text = findings()
     print(text)
     if "--write" in argv:
-        OUT.write_text(
+        write_atomic(
+            OUT,
             "Findings: one row per claim (generated by `python -m experiments.lab.findings "
             "--write` from each table's declared claims and committed claims.json).\n\n"
             + text
-            + "\n"
+            + "\n",
         )
     return 0
 

@@ -60,6 +60,7 @@ from experiments.lab.claims import Claim, ClaimKind
 from experiments.lab.harness import Arm
 from experiments.lab.tuning import with_learning_rate
 from experiments.tables import bon_distill_table as t10
+from kjax.files import write_figure
 from kjax.rl.config import KLEstimator, Objective, ObjectiveConfig
 
 MEAN_KL = (0.0, 0.05, 0.2, 1.0)
@@ -167,7 +168,7 @@ def plot(table, rows, path) -> None:
     ax.legend(fontsize=7)
     ax.set_title(textwrap.fill(table.title, 80), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
