@@ -163,8 +163,8 @@ TABLE = harness.Table(
         Claim(
             "11a",
             "One-step off-policy training matches on-policy for the mean objective with an "
-            "importance-sampling correction (NeMo-RL, docs/guides/async-grpo.md: 'Why "
-            "Importance Sampling Correction Is Required for Async'; kjax's TIS; kjax's test "
+            "importance-sampling correction (NeMo-RL's async GRPO guide: 'Why Importance "
+            "Sampling Correction Is Required for Async'; kjax's TIS; kjax's test "
             "and margin: pass@1 within 0.02; sources restated in issue 46 after the rows were "
             "seen)",
             "pass@1",
@@ -175,7 +175,7 @@ TABLE = harness.Table(
         ),
         Claim(
             "11b",
-            "... and uncorrected (verl, docs/advance/one_step_off.md: DAPO on "
+            "... and uncorrected (verl's one-step-off-policy recipe page: DAPO on "
             "Qwen2.5-Math-7B, best@32 0.5948 on-policy -> 0.6165 one step off with FSDP2, "
             "0.605 -> 0.6569 with Megatron, no behaviour-policy importance weight; kjax's test "
             "and margin: pass@1 within 0.02; first written as kjax's, restated in issue 46 "
@@ -185,7 +185,7 @@ TABLE = harness.Table(
             M0,
             ClaimKind.EQUIVALENT,
             margin=0.02,
-            paper_number="best@32 +0.022 and +0.052 (verl: DAPO, Qwen2.5-Math-7B)",
+            paper_number="+0.022, +0.052 best@32",
         ),
         Claim(
             "11c",

@@ -291,7 +291,9 @@ TABLE = harness.Table(
         Claim(
             "10a",
             f"vBoN (Amini et al. 2024): the distilled policy is 'not as effective as BoN' but "
-            f"close; kjax's margin: its mean reward at most 0.05 below the warm start's max@{K}",
+            f"close; kjax's margin: its mean reward at most 0.05 below the warm start's max@{K} "
+            "(the arm is kjax's BON_DISTILL, anchored to the current policy, not vBoN's fixed "
+            "reference)",
             "bon_gap",
             BON,
             None,

@@ -178,7 +178,11 @@ def _claim(n: int) -> Claim:
         f"vBoN (Amini et al. 2024), BOND (Sessa et al. 2024): BoN distillation lies on or above "
         f"KL-regularised RL's reward-KL frontier; n = {n}: at its KL, mean reward at least "
         f"mean-RL's there (interpolated over kl_coef, inside the measured range), within "
-        f"{MARGIN:g} (kjax's margin)"
+        f"{MARGIN:g} (kjax's margin). The arm is kjax's BON_DISTILL, anchored to the current "
+        "policy (BOND's moving anchor without its Jeffreys divergence), not vBoN's fixed "
+        "reference; vBoN's own words are a count ('appears more frequently on the Pareto "
+        "frontier'), and mean-RL is unmeasured between KL 0.09 and 0.33, where the BoN "
+        "points lie (issue 46; not yet run)"
         if n == BON_N[0]
         else f"... n = {n}"
     )

@@ -73,7 +73,7 @@ TABLE = harness.Table(
             "k_opt=8",
             "k_opt=1",
             paper_effect=0.0505,
-            paper_number="pass@16 +0.051 (56.83 -> 61.88, Llama-3.1-8B MATH)",
+            paper_number="+0.051 pass@16",
         ),
         Claim(
             "2b",
@@ -83,7 +83,7 @@ TABLE = harness.Table(
             "k_opt=1",
             ClaimKind.LESS,
             paper_effect=-0.0252,
-            paper_number="pass@1 -0.025 (51.15 -> 48.63)",
+            paper_number="-0.025 pass@1",
         ),
         Claim(
             "2c",

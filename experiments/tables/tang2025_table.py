@@ -123,7 +123,7 @@ TABLE = harness.Table(
             name(LOO_NK, PG),
             name(MEAN, PG),
             paper_effect=0.066,
-            paper_number="pass@10 +0.066 (35.1 -> 41.7, CodeContests)",
+            paper_number="+0.066 pass@10",
         ),
         Claim(
             "1b",
@@ -133,7 +133,7 @@ TABLE = harness.Table(
             name(MEAN, PG),
             ClaimKind.LESS,
             paper_effect=-0.056,
-            paper_number="pass@1 -0.056 (26.2 -> 20.6)",
+            paper_number="-0.056 pass@1",
         ),
         Claim(
             "1c",
@@ -143,7 +143,7 @@ TABLE = harness.Table(
             name(CENTRED, PPO),
             name(MEAN, PPO),
             paper_effect=0.152,
-            paper_number="pass@100 +0.152 (41.1 -> 56.3)",
+            paper_number="+0.152 pass@100",
         ),
         Claim(
             "1d",
