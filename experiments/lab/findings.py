@@ -91,7 +91,7 @@ TABLES = (
     ),
     Source(
         10,
-        f"Reward-KL frontier (vBoN; BOND: Sessa et al. 2024) · {NEAR_MISS}",
+        f"Reward-KL frontier (vBoN) · {NEAR_MISS}",
         "bon_frontier_table",
         "docs/tables/bon_frontier.md",
     ),

@@ -175,7 +175,8 @@ def plot(table, rows, path) -> None:
 def _claim(n: int) -> Claim:
     """10b.n (module docstring); the first row carries the sources, the others refer to it."""
     text = (
-        f"vBoN (Amini et al. 2024), BOND (Sessa et al. 2024): BoN distillation lies on or above "
+        f"vBoN (Amini et al. 2024; BOND's text could not be read, so no BOND claim): BoN "
+        f"distillation lies on or above "
         f"KL-regularised RL's reward-KL frontier; n = {n}: at its KL, mean reward at least "
         f"mean-RL's there (interpolated over kl_coef, inside the measured range), within "
         f"{MARGIN:g} (kjax's margin). The arm is kjax's BON_DISTILL, anchored to the current "
