@@ -19,7 +19,10 @@ for MEAN, J_2 = E[max of 2] for max@2): no kjax advantage, ratio or loss code. T
 EXACT (the others' sequence ratios against mu via offpolicy_reweighter, PG weighted by the
 own sequence ratio rho_i; for MEAN with RLOO, rho_i alone) is exact (< 1e-9; measured
 <= 1e-14) for MEAN and max@2 with S, LOO_MINUS_ONE and L2O at d = 1, 2 and 4 (largest
-sequence ratio pi/mu 1.39, 1.72, 3.22).
+sequence ratio pi/mu 1.39, 1.72, 3.22), with PG and with decoupled PPO (weight
+pi_start / mu, ratio pi / pi_start clipped around the step's start): on a step's first
+update, and on a later one whose ratios stay inside the clip (epsilon 0.9); at epsilon
+0.02 the clip binds and the later update is not grad J (error > 1%).
 
 Stated biases (relative errors, each tested to within 10%), objective MEAN (RLOO) or max@2
 (MAX2-<estimator>, LOO_M1 = LOO_MINUS_ONE), N = 3:
