@@ -45,10 +45,35 @@ def ms_per_call(fn, *args, calls: int = 30, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def agree(grad, vgrad, params, prompts, mask, tokens, seeds: int) -> float:
+    """The largest relative |difference| between the three forms' gradients, which must
+    agree: each of the S vmapped gradients (vgrad) is the single batch's, and the stacked
+    batch's is S times it (the loss sums over the batch)."""
+    one = grad(params, prompts, mask, tokens)
+    stack = lambda x: jnp.stack([x] * seeds)  # noqa: E731
+    cat = lambda x: jnp.concatenate([x] * seeds)  # noqa: E731
+    vmapped = vgrad(jax.tree.map(stack, params), stack(prompts), stack(mask), stack(tokens))
+    stacked = grad(params, cat(prompts), cat(mask), cat(tokens))
+    worst = 0.0
+    leaves = zip(*map(jax.tree.leaves, (one, vmapped, stacked)), strict=True)
+    for a, v, s in leaves:
+        scale = 1.0 + float(jnp.max(jnp.abs(a)))
+        worst = max(worst, float(jnp.max(jnp.abs(v - a[None]))) / scale)
+        worst = max(worst, float(jnp.max(jnp.abs(s - seeds * a))) / (seeds * scale))
+    return worst
+
+
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=4)
-    seeds = p.parse_args().seeds
+    p.add_argument(
+        "--smoke", action="store_true", help="1 repeat of 2 calls (CI: runs, not timings)"
+    )
+    args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1; got {args.seeds}")
+    seeds = args.seeds
+    timing = dict(calls=2, repeats=1) if args.smoke else {}
     params = Llama(CONFIG, rngs=nnx.Rngs(params=jax.random.key(0))).params()
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(rng.integers(3, 20, (B, S)), jnp.int32)
@@ -57,14 +82,18 @@ def main() -> None:
     grad = jax.jit(jax.grad(loss))
     stack = lambda x: jnp.stack([x] * seeds)  # noqa: E731
     cat = lambda x: jnp.concatenate([x] * seeds)  # noqa: E731
-    one = ms_per_call(grad, params, prompts, mask, tokens)
-    args = (jax.tree.map(stack, params), stack(prompts), stack(mask), stack(tokens))
-    vmapped = ms_per_call(jax.jit(jax.vmap(jax.grad(loss))), *args) / seeds
-    stacked = ms_per_call(grad, params, cat(prompts), cat(mask), cat(tokens)) / seeds
+    one = ms_per_call(grad, params, prompts, mask, tokens, **timing)
+    args_ = (jax.tree.map(stack, params), stack(prompts), stack(mask), stack(tokens))
+    vgrad = jax.jit(jax.vmap(jax.grad(loss)))
+    vmapped = ms_per_call(vgrad, *args_, **timing) / seeds
+    stacked = ms_per_call(grad, params, cat(prompts), cat(mask), cat(tokens), **timing) / seeds
+    worst = agree(grad, vgrad, params, prompts, mask, tokens, seeds)
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     print(f"gradient of one {B} x {N} batch: {one:.1f} ms")
     print(f"{seeds} batches vmapped over {seeds} parameter sets: {vmapped:.1f} ms per batch")
     print(f"{seeds} batches stacked into one, one parameter set: {stacked:.1f} ms per batch")
+    print(f"the three gradients agree to {worst:.1e} (relative)")
+    return dict(one_ms=one, vmapped_ms=vmapped, stacked_ms=stacked, disagreement=worst)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,32 @@ differences d_s = metric(arm, s) - metric(baseline, s) (same seed, same warm sta
 their 95% two-sided t-interval, i.e. each directional claim is a one-sided paired t-test at
 2.5% (GREATER: H1 mean d > 0; LESS: mean d < 0; NONINFERIOR: mean d > -margin). An
 EQUIVALENT claim is two one-sided tests (TOST) at 5%, p the larger of the two (the 90%
-interval inside [-margin, margin]). Multiplicity: a table's claims are adjusted by Holm in
-three families, each over all the table's claims: the claims' own tests ("reproduced" when
-the adjusted p is below 0.025, 0.05 for TOST), the tests of the opposite direction
-("opposite"), and the TOST tests of "no effect larger than m". Each family's error is
-controlled at its own level (at most 2.5% one-sided for directional claims, 5% for TOST);
-the three families are not adjusted against each other, so a table's error over all its
-verdicts of every kind is not bounded by 5%. "opposite":
-the test of the other direction passes the same way (NONINFERIOR: inferior beyond the
-margin; EQUIVALENT: outside the margin, either side). Otherwise, when TOST shows d
-equivalent to 0 within the claim's equivalence_margin m (Holm-adjusted p < 0.05), "not
-reproduced (no effect larger than m)"; else "not reproduced (inconclusive)". MDE (80%):
-(t_{0.975,n-1} + t_{0.8,n-1}) sd(d) / sqrt(n), the true difference a one-sided 2.5% test
-detects with 80% power at the observed paired sd (before the Holm correction).
+interval inside [-margin, margin]).
+
+Multiplicity: Holm, in three families, each over all of a table's claims (the report names
+them): (1) the claims' own tests; (2) the tests of the opposite (GREATER/LESS: the other
+direction; NONINFERIOR: worse than -margin; EQUIVALENT: outside the margin, either side);
+(3) the bounding tests: where the claim carries the paper's own effect e (paper_effect), the
+one-sided test that d lies on the near side of e (GREATER: d < e; LESS: d > e), else TOST
+within kjax's equivalence_margin m. Each family's error is controlled at its own level; the
+three are not adjusted against each other.
+
+Verdicts (first that applies), each saying what the interval shows:
+  reproduced                                    family 1 below alpha.
+  not reproduced: opposite direction            family 2 below alpha (GREATER/LESS);
+  not reproduced: worse than the margin         ... NONINFERIOR;
+  not reproduced: outside the margin            ... EQUIVALENT.
+  not reproduced: excludes the paper's effect (e)   family 3 below 0.025, a paper effect.
+  not reproduced: <one of the three above> (before Holm only)   the opposite's raw p below
+                                                alpha but not its Holm p: the interval lies
+                                                beyond the margin, never labelled "no effect".
+  not reproduced: no effect larger than m (kjax's margin)   family 3's TOST below 0.05; only
+                                                for claims without a paper effect, so m is
+                                                never printed where the paper's effect is
+                                                smaller than m.
+  not reproduced: inconclusive                  none of these.
+MDE (80%): (t_{0.975,n-1} + t_{0.8,n-1}) sd(d) / sqrt(n), the true difference a one-sided
+2.5% test detects with 80% power at the observed paired sd (before the Holm correction).
 """
 
 from __future__ import annotations
@@ -31,22 +44,43 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-REPRODUCED, OPPOSITE, INCONCLUSIVE = "reproduced", "opposite", "not reproduced (inconclusive)"
+REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced: inconclusive"
 ALPHA = 0.025  # each directional claim: one side of the two-sided 95% interval
 ALPHA_TOST = 0.05  # each of an equivalence's two one-sided tests: the 90% interval
 TEST = (
     "Test: the paired 95% two-sided t-interval over seeds, i.e. each directional claim is a "
-    "one-sided paired t-test at 2.5% (an equivalence: two one-sided tests at 5%); the claims "
-    "of this table are judged together (Holm), and 'reproduced' needs the Holm-adjusted p "
-    "below 0.025 (0.05 for an equivalence). 'no effect larger than m': the paired difference "
-    "is equivalent to 0 within +-m (two one-sided tests at 5%, Holm-adjusted). MDE (80%): the "
-    "true difference a one-sided 2.5% test detects with 80% power at the observed paired sd."
+    "one-sided paired t-test at 2.5% (an equivalence: two one-sided tests at 5%). Holm, in "
+    "three families each over all of this table's claims: the claims' own tests "
+    "('reproduced': Holm p below 0.025, 0.05 for an equivalence); the tests of the opposite "
+    "('opposite direction', 'worse than the margin', 'outside the margin'; '(before Holm "
+    "only)' where only the unadjusted test passes); and the bounding tests: against the "
+    "paper's own effect e where the claim has one ('excludes the paper's effect (e)': the "
+    "one-sided test that the difference is on the near side of e, at 2.5%), else two "
+    "one-sided tests at 5% within kjax's margin m ('no effect larger than m'). MDE (80%): "
+    "the true difference a one-sided 2.5% test detects with 80% power at the observed "
+    "paired sd."
 )
 
 
 def no_effect(margin: float) -> str:
-    """The verdict of a claim not reproduced whose difference is within +-margin of 0."""
-    return f"not reproduced (no effect larger than {margin:g})"
+    """The verdict of a claim without a paper effect whose difference is within +-margin."""
+    return f"not reproduced: no effect larger than {margin:g} (kjax's margin)"
+
+
+def below_paper(effect: float) -> str:
+    """The verdict of a claim whose interval excludes the paper's own effect."""
+    return f"not reproduced: excludes the paper's effect ({effect:+g})"
+
+
+def opposite(kind: ClaimKind, before_holm: bool = False) -> str:
+    """The verdict of a claim whose opposite test passes (before Holm only: unadjusted)."""
+    what = {
+        ClaimKind.GREATER: "opposite direction",
+        ClaimKind.LESS: "opposite direction",
+        ClaimKind.NONINFERIOR: "worse than the margin",
+        ClaimKind.EQUIVALENT: "outside the margin",
+    }[kind]
+    return f"not reproduced: {what}" + (" (before Holm only)" if before_holm else "")
 
 
 class ClaimKind(enum.Enum):
@@ -69,7 +103,25 @@ class Claim:
     margin: float = 0.0  # EQUIVALENT: the interval within +- margin; NONINFERIOR: > -margin
     # A null result rules out effects larger than this; None: no such test (a metric whose
     # scale has no natural margin, e.g. a raw gradient variance that varies 10x by seed).
+    # Read only for a claim without paper_effect.
     equivalence_margin: float | None = 0.03
+    # The paper's own difference on this metric (its arm minus its baseline, as a rate), for
+    # a GREATER (> 0) or LESS (< 0) claim that reports one; None: no such number.
+    paper_effect: float | None = None
+    # The paper's own number for this comparison as it reports it (model, task, metric),
+    # shown beside kjax's in README's findings; "" where the paper gives none.
+    paper_number: str = ""
+
+    def __post_init__(self):
+        e = self.paper_effect
+        if e is None:
+            return
+        ok = (self.kind is ClaimKind.GREATER and e > 0) or (self.kind is ClaimKind.LESS and e < 0)
+        if not ok:
+            raise ValueError(
+                f"claim {self.id}: paper_effect={e!r} needs a GREATER claim with e > 0 or a "
+                f"LESS claim with e < 0; it is {self.kind.name}. Set paper_effect=None."
+            )
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -164,21 +216,45 @@ def seeds_for_mde(sd_diff: float, target: float, alpha: float = ALPHA, power: fl
     return high
 
 
+def p_paper(kind: ClaimKind, d: Sequence[float], effect: float) -> float:
+    """p of the one-sided test that the difference lies on the near side of the paper's
+    effect (GREATER: mean d < effect; LESS: mean d > effect)."""
+    return p_less(d, effect) if kind is ClaimKind.GREATER else p_greater(d, effect)
+
+
 def verdict(
     kind: ClaimKind,
     p: float,
     p_opposite: float,
-    p_equivalent: float = math.nan,
-    equivalence_margin: float = 0.03,
+    p_bound: float = math.nan,
+    equivalence_margin: float | None = 0.03,
+    paper_effect: float | None = None,
+    p_opposite_raw: float = math.nan,
 ) -> str:
-    """The verdict from (Holm-adjusted) p's of claim_p and of p_tost(d, equivalence_margin)."""
+    """The verdict from the Holm-adjusted p's of claim_p (p, p_opposite) and of the bounding
+    test (p_bound: p_paper against paper_effect when given, else p_tost at
+    equivalence_margin), and the unadjusted p_opposite_raw (module docstring)."""
     if p < alpha(kind):
         return REPRODUCED
     if p_opposite < alpha(kind):
-        return OPPOSITE
-    if p_equivalent < ALPHA_TOST:
+        return opposite(kind)
+    if paper_effect is not None and p_bound < ALPHA:
+        return below_paper(paper_effect)
+    if p_opposite_raw < alpha(kind):
+        return opposite(kind, before_holm=True)
+    if paper_effect is None and equivalence_margin is not None and p_bound < ALPHA_TOST:
         return no_effect(equivalence_margin)
     return INCONCLUSIVE
+
+
+def possible_verdicts(c: Claim) -> tuple[str, ...]:
+    """Every label verdict() can give claim c."""
+    out = [REPRODUCED, opposite(c.kind), opposite(c.kind, before_holm=True), INCONCLUSIVE]
+    if c.paper_effect is not None:
+        out.append(below_paper(c.paper_effect))
+    elif c.equivalence_margin is not None:
+        out.append(no_effect(c.equivalence_margin))
+    return tuple(out)
 
 
 def values(rows: list[dict], arm: str, metric: str) -> dict[int, float]:
@@ -206,17 +282,22 @@ def judge_all(rows: list[dict], claims: Sequence[Claim]) -> list[dict]:
         j = dict(claim=c.id, kind=c.kind.value, metric=c.metric, arm=c.arm, baseline=c.baseline)
         j.update(margin=c.margin, seeds=len(d), mean=mean, low=low, high=high, sd=sd)
         j.update(p=p, p_opposite=p_opposite, equivalence_margin=c.equivalence_margin)
-        m = c.equivalence_margin
+        m, e = c.equivalence_margin, c.paper_effect
         j["p_equivalent"] = math.nan if m is None else p_tost(d, m)
+        j["paper_effect"] = e
+        j["p_paper"] = math.nan if e is None else p_paper(c.kind, d, e)
+        j["p_bound"] = j["p_paper"] if e is not None else j["p_equivalent"]
         j["mde"] = mde(sd, len(d))
         j["seeds_for_mde"] = seeds_for_mde(sd, m) if len(d) > 1 and m is not None else None
         out.append(j)
-    for key in ("p", "p_opposite", "p_equivalent"):
+    for key in ("p", "p_opposite", "p_bound"):  # the three Holm families
         for j, adjusted in zip(out, holm([j[key] for j in out]), strict=True):
             j[f"{key}_holm"] = float(adjusted)
     for c, j in zip(claims, out, strict=True):
-        p_holm = (j["p_holm"], j["p_opposite_holm"], j["p_equivalent_holm"])
-        j["verdict"] = verdict(c.kind, *p_holm, c.equivalence_margin)
+        p_holm = (j["p_holm"], j["p_opposite_holm"], j["p_bound_holm"])
+        j["verdict"] = verdict(
+            c.kind, *p_holm, c.equivalence_margin, c.paper_effect, j["p_opposite"]
+        )
     return out
 
 
@@ -260,18 +341,27 @@ def claims_table(claims: Sequence[Claim], judged: Sequence[dict]) -> str:
         )
     lines += [
         "",
-        "| claim | H1 | p | Holm p | MDE (80%) | m | no effect > m: p (Holm p) | "
-        "seeds for MDE = m |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Holm families, each over these {len(claims)} claims: the claims' own tests (p), "
+        "the opposite's tests (p opposite), the bounding tests (against the paper's effect e "
+        "where given, else no effect > kjax's margin m).",
+        "",
+        "| claim | H1 | p | Holm p | p opposite (Holm p) | MDE (80%) | bound | "
+        "bound: p (Holm p) | seeds for MDE = m |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c, j in zip(claims, judged, strict=True):
         mde_ = "n/a" if not math.isfinite(j["mde"]) else f"{j['mde']:.3f}"
-        equivalent = f"{fmt_p(j['p_equivalent'])} ({fmt_p(j['p_equivalent_holm'])})"
+        bound = f"{fmt_p(j['p_bound'])} ({fmt_p(j['p_bound_holm'])})"
+        if c.paper_effect is not None:
+            what = f"paper's e = {c.paper_effect:+g}"
+        elif c.equivalence_margin is not None:
+            what = f"m = {c.equivalence_margin:g}"
+        else:
+            what = "n/a"
         lines.append(
             f"| {c.id} | {hypothesis(c)} | {fmt_p(j['p'])} | {fmt_p(j['p_holm'])} | "
-            f"{mde_} | {'n/a' if c.equivalence_margin is None else f'{c.equivalence_margin:g}'} | "
-            f"{equivalent} | "
-            f"{j['seeds_for_mde'] or 'n/a'} |"
+            f"{fmt_p(j['p_opposite'])} ({fmt_p(j['p_opposite_holm'])}) | {mde_} | {what} | "
+            f"{bound} | {j['seeds_for_mde'] or 'n/a'} |"
         )
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ import sys
 
 from experiments.lab import harness
 from experiments.lab.claims import fmt
+from kjax.files import write_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results"
@@ -90,7 +91,7 @@ TABLES = (
     ),
     Source(
         10,
-        f"Reward-KL frontier (vBoN; BOND: Sessa et al. 2024) · {NEAR_MISS}",
+        f"Reward-KL frontier (vBoN) · {NEAR_MISS}",
         "bon_frontier_table",
         "docs/tables/bon_frontier.md",
     ),
@@ -107,27 +108,28 @@ TABLES = (
 # written or changed after its rows were seen. The full text is on the table's page. A claim
 # without an entry shows its full text.
 SHORT = {
-    "1a": "pass@k objective (LOO, N=k) beats the mean objective on pass@k, PG",
+    "1a": "pass@k objective (LOO, N=k) beats mean objective on pass@k, PG",
     "1b": "... and loses pass@1",
-    "1c": "biased (centred) variant beats the mean objective on pass@k, PPO",
+    "1c": "biased (centred) variant beats mean objective on pass@k, PPO",
     "1d": "kjax: biased variant beats unbiased LOO at N=k, PPO",
     "1e": "kjax: biased variant beats LOO-1 at N=16, PPO",
-    "1f": "majority objective ends below the mean objective on held-out maj@k, PG "
-    "(direction post hoc)",
-    "1g": "not a paper claim, the testbed's premise: mean-reward RL lowers pass@16 "
-    "below its warm start",
+    "1f": "majority objective below mean objective on held-out maj@k, PG (direction post hoc)",
+    "1g": "testbed premise, not a paper claim: mean-RL lowers pass@16 below warm start",
     "2a": "k_opt = 8 beats k_opt = 1 on pass@16",
     "2b": "... and loses pass@1",
     "2c": "kjax: k_opt = 16 beats k_opt = 1 on pass@16",
-    "2d": "kjax: annealing 8 -> 1 beats k_opt = 8 on pass@1",
-    "2e": "kjax: annealing beats k_opt = 1 on pass@16",
-    "2d'": "annealing gets both: pass@1 within 0.02 of k_opt = 1 (post hoc)",
-    "2e'": "... and pass@16 within 0.02 of k_opt = 8 (post hoc)",
-    "3a": "off-policy max@k update (first-order) beats fixed advantages",
+    "2d": "kjax: annealing beats k_opt = 8 on pass@1",
+    "2e": "annealing 8 -> 1 beats k_opt = 1 on pass@16 (post hoc)",
+    "2e.2": "... on pass@2 (post hoc)",
+    "2e.4": "... on pass@4 (post hoc)",
+    "2e.8": "... on pass@8 (post hoc)",
+    "2d'": "... no sacrifice in pass@1: margin 0 (post hoc; was kjax's margin 0.02)",
+    "2e'": "kjax: annealing's pass@16 within 0.02 of k_opt = 8 (kjax's margin, post hoc)",
+    "3a": "first-order off-policy max@k update beats fixed advantages",
     "3b": "kjax: exact re-weighting beats fixed advantages",
     "3c": "kjax: 3 re-weighted epochs beat 1 at equal samples",
-    "4a": "more cross-entropy SFT lowers pass@256 (measured since the warm start: post hoc)",
-    "4b": "DCO holds pass@256 within 0.02, kjax's margin (post hoc, as 4a)",
+    "4a": "more CE SFT lowers pass@256 (since warm start: post hoc)",
+    "4b": "DCO holds pass@256 within 0.02 (kjax's margin; post hoc)",
     "4c": "DCO ends above cross-entropy on pass@256",
     "6a": "L2O: lower gradient variance than LOO-1",
     "6b": "... than LOO",
@@ -137,35 +139,38 @@ SHORT = {
     "6c'": "... than S, log ratio (post hoc)",
     "6d": "kjax: L2O at most 0.02 below LOO-1 on pass@8",
     "6e": "kjax: ... on pass@16",
-    "6d'": "L2O beats the non-centred LOO-1 on pass@8 (post hoc)",
+    "6d'": "L2O beats non-centred LOO-1 on pass@8 (post hoc)",
     "6e'": "... on pass@16 (post hoc)",
-    "6f": "MaxRL's pass@1 at most 0.02 below the mean objective's (kjax's margin, post hoc)",
+    "6f": "MaxRL's pass@1 at most 0.02 below mean objective's (kjax's margin, post hoc; "
+    "vs GRPO there)",
     "6g": "MaxRL beats the mean objective on pass@16",
-    "7a": "pass@k objective beats the mean objective on pass@k",
+    "7a": "pass@k objective beats mean objective on pass@k",
     "7b": "... and loses pass@1",
     "8a": "label-free RL raises pass@1 over the warm start",
-    "11a": "one step stale with TIS matches on-policy for the mean objective (kjax's margin 0.02)",
-    "11b": "kjax: ... even uncorrected",
-    "11c": "kjax: pass@8 one step stale, exact correction, within 0.02 of on-policy",
-    "11d": "kjax: ... two steps stale",
+    "11a": "one step stale, IS-corrected = on-policy, mean objective (NeMo-RL; kjax's "
+    "margin 0.02; post hoc)",
+    "11b": "... uncorrected (verl; kjax's margin; post hoc)",
+    "11c": "kjax: pass@8 one step stale, exact correction, within 0.02 of on-policy (so is "
+    "NONE: 11e)",
+    "11d": "kjax: ... two steps stale (so is NONE: 11f)",
     "11e": "kjax: uncorrected, one step stale loses pass@8",
     "11f": "kjax: ... two steps stale",
     "11g": "kjax: two steps stale, exact correction beats TIS on pass@8",
     "8b": "TTRL's pass@1 passes the warm start's maj@16",
-    "8c": "TTRL's pass@1 within 0.03 of supervised RL's",
+    "8c": "TTRL's pass@1 within 0.03 of supervised RL's (kjax's margin)",
     "8a'": "8a from a strong warm start (post hoc)",
     "8b'": "8b from a strong warm start (post hoc)",
-    "8c'": "8c from a strong warm start (post hoc)",
-    "10a": "one distilled sample close to the warm start's best-of-8: within 0.05 (kjax's margin)",
-    "10c": "BoN distillation raises the mean reward over the warm start",
-    "10b.2": "BoN distillation on or above KL-regularised RL's reward-KL frontier, n = 2 "
-    "(kjax's margin 0.01)",
+    "8c'": "8c from a strong warm start (kjax's margin; post hoc)",
+    "10a": "one sample within 0.05 of warm start's best-of-8 (kjax's margin; moving anchor)",
+    "10c": "BoN distillation raises mean reward over warm start (vBoN's premise; kjax's test)",
+    "10b.2": "BoN distillation on/above mean-RL's reward-KL front, n = 2 (kjax's margin "
+    "0.01; moving anchor)",
     "10b.4": "... n = 4",
     "10b.8": "... n = 8",
     "10b.16": "... n = 16",
 }
 
-HEAD = "| # | claim | kjax: diff [95% CI] | MDE | verdict |\n|---|---|---|---|---|"
+HEAD = "| # | claim | paper's own number | kjax: diff [95% CI] | verdict |\n|---|---|---|---|---|"
 
 
 def _cell(text: str) -> str:
@@ -173,12 +178,19 @@ def _cell(text: str) -> str:
 
 
 def _verdict(verdict: str) -> str:
-    """The verdict in few words: "not reproduced (no effect larger than m)" is
-    "no effect > m", "not reproduced (inconclusive)" "inconclusive"."""
-    m = re.fullmatch(r"not reproduced \((?:no effect larger than (.+)|(inconclusive))\)", verdict)
-    if m is None:
-        return _cell(verdict)
-    return m.group(2) or f"no effect > {m.group(1)}"
+    """The verdict in fewer words: every label but "reproduced" starts "not reproduced: ",
+    left out here; "no effect larger than m (kjax's margin)" is "no effect > m" (README
+    says m is kjax's: a claim with the paper's effect is judged against that instead)."""
+    short = verdict.removeprefix("not reproduced: ").replace(" (kjax's margin)", "")
+    return _cell(short.replace("no effect larger than", "no effect >"))
+
+
+def _paper(claim) -> str:
+    """The paper's own number for the claim (Claim.paper_number), "kjax's claim" for a
+    "-" where the paper gives no number or the claim is kjax's."""
+    if claim.paper_number:
+        return _cell(claim.paper_number)
+    return "-"
 
 
 def _header(source: Source) -> str:
@@ -197,7 +209,8 @@ def _rows_of_page(source: Source) -> list[str]:
             claim, paper, verdict = m.groups()
             exact = re.fullmatch(r"(.+) \(exact: (.+)\)", verdict)  # the numbers: the diff
             diff, verdict = (exact[2], f"{exact[1]} (exact)") if exact else ("exact", verdict)
-            rows.append(f"| {claim} | {SHORT.get(claim, paper)} | {diff} | - | {verdict} |")
+            row = f"| {claim} | {SHORT.get(claim, paper)} | - | {diff} | {verdict} |"
+            rows.append(row)
     return rows
 
 
@@ -214,14 +227,15 @@ def rows_of(source: Source) -> list[str]:
     for claim in table.claims:
         j = judged.get(claim.id)
         if j is None:
-            diff, mde, verdict = "-", "-", "not run yet"
+            diff, verdict = "-", "not run yet"
         else:
             bounds = [math.nan if j[x] is None else j[x] for x in ("mean", "low", "high")]
-            diff = f"{fmt(*bounds)} {claim.metric}"
-            mde = "-" if j.get("mde") is None else f"{j['mde']:.3f}"
+            text = SHORT.get(claim.id, claim.text)
+            metric = "" if claim.metric in text else f" {claim.metric}"  # named once
+            diff = f"{fmt(*bounds)}{metric}"
             verdict = _verdict(j["verdict"])
         text = _cell(SHORT.get(claim.id, claim.text))
-        rows.append(f"| {claim.id} | {text} | {diff} | {mde} | {verdict} |")
+        rows.append(f"| {claim.id} | {text} | {_paper(claim)} | {diff} | {verdict} |")
     return rows
 
 
@@ -240,11 +254,12 @@ def main(argv: list[str]) -> int:
     text = findings()
     print(text)
     if "--write" in argv:
-        OUT.write_text(
+        write_atomic(
+            OUT,
             "Findings: one row per claim (generated by `python -m experiments.lab.findings "
             "--write` from each table's declared claims and committed claims.json).\n\n"
             + text
-            + "\n"
+            + "\n",
         )
     return 0
 

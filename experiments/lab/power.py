@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from experiments.lab import claims, harness
+from kjax.files import write_atomic
 
 TABLES = (
     "tang2025_table",
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
         text, figures[name] = power_table(rows, table.claims, args.target)
         print(f"## {table.title}\n\npilot: {path}\n\n{text}\n")
     if args.out:
-        pathlib.Path(args.out).write_text(json.dumps(figures, indent=1) + "\n")
+        write_atomic(args.out, json.dumps(figures, indent=1) + "\n")
     return 0
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from experiments.lab import tuning
 from experiments.lab.claims import TEST, MetricKey, claims_table, fmt, judge_all, t_interval, values
 from experiments.lab.provenance import provenance, provenance_line
-from kjax.files import write_atomic
+from kjax.files import write_atomic, write_figure
 
 if TYPE_CHECKING:  # the type only: harness imports this module
     from experiments.lab.harness import Table
@@ -139,7 +139,7 @@ def bar_plot(table: Table, rows: list[dict], path: pathlib.Path) -> None:
     axes[0][0].legend(fontsize=7, ncol=2)
     fig.suptitle(table.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -24,6 +24,7 @@ from experiments.configs import tiny_arith
 from experiments.lab import claims, harness, table_cli
 from experiments.lab.claims import Claim, ClaimKind
 from experiments.lab.harness import Arm
+from kjax.files import write_figure
 from kjax.rl.config import SFTLoss
 
 EPOCHS, SUBSET, BATCH, N_EVAL = 8, 1000, 64, 256
@@ -133,7 +134,7 @@ def plot(table, rows, path) -> None:
             ax.legend(fontsize=8)
     fig.suptitle(table.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -38,6 +38,7 @@ from absl import app, flags, logging
 from tqdm import tqdm
 
 from kjax import objectives as obj
+from kjax.files import write_atomic, write_figure
 
 E = obj.MaxAtKEstimator
 M = obj.MeanBaseline
@@ -209,9 +210,9 @@ def run(config: Config, workdir: pathlib.Path) -> dict:
         "grad_log_j1": grad_log_j1,
         "rows": [{"estimator": e, "N": n, **v} for (e, n), v in rows.items()],
     }
-    (workdir / "results.json").write_text(json.dumps(results, indent=2))
+    write_atomic(workdir / "results.json", json.dumps(results, indent=2))
     table = markdown_table(config, rows, exact, exact_km1, exact_maxrl, (exact_1, grad_log_j1))
-    (workdir / "variance.md").write_text(table)
+    write_atomic(workdir / "variance.md", table)
     plot_variance(config, rows, workdir / "variance.png")
     plot_signal_density(workdir / "signal_density.png")
     print(table)
@@ -358,7 +359,7 @@ def plot_variance(config: Config, rows: dict, path: pathlib.Path) -> None:
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -381,7 +382,7 @@ def plot_signal_density(path: pathlib.Path, ks=(1, 2, 4, 8, 16)) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -433,7 +434,7 @@ def main(argv) -> None:
     run(config, pathlib.Path(f.workdir))
     if f.extended:  # MaxRL's practical form against its mixture, exactly, on binary rewards
         table = binary_table(binary_maxrl_variance())
-        (pathlib.Path(f.workdir) / "variance_binary.md").write_text(table)
+        write_atomic(pathlib.Path(f.workdir) / "variance_binary.md", table)
         print(table)
 
 

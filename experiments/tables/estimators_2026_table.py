@@ -205,8 +205,8 @@ TABLE = harness.Table(
         Claim(
             "6f",
             "MaxRL's pass@1 is similar or better than the mean objective's: at most 0.02 "
-            "below it (Tajwar, Zeng et al. 2026; kjax's margin; an equivalence until the v1 "
-            "rows were seen)",
+            "below it (Tajwar, Zeng et al. 2026, whose comparator is GRPO; kjax's is the mean "
+            "objective with RLOO; kjax's margin; an equivalence until the v1 rows were seen)",
             "pass@1",
             "MaxRL (T=16)",
             "mean (RLOO)",

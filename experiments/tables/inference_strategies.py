@@ -35,6 +35,7 @@ import numpy as np
 
 from kjax import checkpoint, evaluation, inference, objectives, sharding, tasks
 from kjax.data import loader
+from kjax.files import write_atomic, write_figure
 from kjax.models import llama
 from kjax.rl import task as task_lib
 from kjax.rl.config import (
@@ -355,7 +356,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -429,8 +430,8 @@ def main(argv=None) -> int:
     results = run(policies, setup)
     text = markdown(results, setup)
     runs = "\n".join(f"- {r}" for r in run_dirs)
-    (workdir / "inference.md").write_text(f"policies:\n{runs}\n\n{text}")
-    (workdir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_atomic(workdir / "inference.md", f"policies:\n{runs}\n\n{text}")
+    write_atomic(workdir / "results.json", json.dumps(results, indent=1, default=str))
     plot(results, workdir / "accuracy_vs_n.png")
     print(text)
     print(f"wrote {workdir}/inference.md, accuracy_vs_n.png, results.json")

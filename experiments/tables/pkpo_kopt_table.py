@@ -56,12 +56,25 @@ def anneal(cfg):
 
 
 PAPER = "Llama-3.1-8B MATH: pass@1/pass@16 51.15/56.83 (k_opt=1) vs 48.63/61.88 (k_opt=8)"
+ANNEAL = (
+    "PKPO anneals after 1500 steps with PPO; kjax's schedule is half and half (k_opt = 8 "
+    "for 100 of 200 steps, then 1) with PG"
+)
+RESTATED = "restated as PKPO's body states it after the rows were seen"
 TABLE = harness.Table(
     name="pkpo_kopt_table",
     title="PKPO: k_opt in training vs held-out pass@k (tiny_countdown, exact hit)",
     arms=(*(Arm(f"k_opt={k}", k_opt(k)) for k in KS), Arm("anneal 8->1", anneal)),
     claims=(
-        Claim("2a", f"larger k_opt raises pass@16 ({PAPER})", "pass@16", "k_opt=8", "k_opt=1"),
+        Claim(
+            "2a",
+            f"larger k_opt raises pass@16 ({PAPER})",
+            "pass@16",
+            "k_opt=8",
+            "k_opt=1",
+            paper_effect=0.0505,
+            paper_number="+0.051 pass@16",
+        ),
         Claim(
             "2b",
             "larger k_opt lowers pass@1 (51.15 -> 48.63)",
@@ -69,6 +82,8 @@ TABLE = harness.Table(
             "k_opt=8",
             "k_opt=1",
             ClaimKind.LESS,
+            paper_effect=-0.0252,
+            paper_number="-0.025 pass@1",
         ),
         Claim(
             "2c",
@@ -85,29 +100,43 @@ TABLE = harness.Table(
             "anneal 8->1",
             "k_opt=8",
         ),
+        # 2e-2e.8 and 2d' are PKPO's annealing claim as its body states it (section
+        # "Improving pass@k without sacrificing pass@1": annealing k_opt 8 -> 1 gives higher
+        # pass@k_eval for every k_eval > 1 with no sacrifice in pass@1, both against
+        # k_opt = 1), restated in issue 46 after every row had been seen; 2e was written
+        # first as kjax's, 2d'/2e' first as PKPO's with kjax's 0.02 margin.
         Claim(
             "2e",
-            "kjax, not the paper: annealing keeps part of the pass@16 gain over k_opt = 1",
+            f"annealing k_opt 8 -> 1 beats k_opt = 1 on pass@16 ({ANNEAL}; {RESTATED})",
             "pass@16",
             "anneal 8->1",
             "k_opt=1",
         ),
-        # 2d'/2e' are PKPO's own claim, added after every row had been seen; the margin is
-        # the project's non-inferiority margin (4b, 6d-6f), fixed knowing the differences.
+        *(
+            Claim(
+                f"2e.{k}",
+                f"... on pass@{k} ({RESTATED})",
+                f"pass@{k}",
+                "anneal 8->1",
+                "k_opt=1",
+            )
+            for k in (2, 4, 8)
+        ),
         Claim(
             "2d'",
-            "annealing k gets both: pass@1 at most 0.02 below k_opt = 1's (PKPO abstract: "
-            "'strong pass@1 performance alongside significant pass@k gains'; added after the "
-            "rows were seen)",
+            "... with no sacrifice in pass@1 against k_opt = 1: non-inferiority at margin 0 "
+            "(PKPO states no margin; 'no sacrifice' read as none; first written as 'at most "
+            f"0.02 below', kjax's margin; {RESTATED})",
             "pass@1",
             "anneal 8->1",
             "k_opt=1",
             ClaimKind.NONINFERIOR,
-            margin=0.02,
+            margin=0.0,
         ),
         Claim(
             "2e'",
-            "... and pass@16 at most 0.02 below k_opt = 8's (added after the rows were seen)",
+            "kjax, not the paper: annealing's pass@16 at most 0.02 below k_opt = 8's (kjax's "
+            "margin; first presented as PKPO's; added after the rows were seen)",
             "pass@16",
             "anneal 8->1",
             "k_opt=8",

@@ -24,6 +24,7 @@ import numpy as np
 from scipy import optimize, special
 
 from experiments.lab import claims
+from kjax.files import write_atomic, write_figure
 
 SIGMA = 0.1
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -86,7 +87,7 @@ def report(rows: list[dict], smoke: bool) -> str:
         lines.append(f"| {r['k']} | {r['theta_opt']:.4f} | {r['J_k_at_opt']:.4f} | "
                      f"{r['J_k_monte_carlo']:.4f} +- {r['J_k_monte_carlo_se']:.1g} | "
                      f"{r['J_1_at_opt']:.4f} | {r['J_k_at_theta1']:.4f} |")  # fmt: skip
-    v = claims.REPRODUCED if increasing else claims.OPPOSITE
+    v = claims.REPRODUCED if increasing else claims.opposite(claims.ClaimKind.GREATER)
     lines += ["", "| claim | paper | verdict |", "|---|---|---|",
               f"| 5a | the max@k-optimal theta increases with k (the policy takes more risk "
               f"near the cliff at 1) | {v} (exact: theta* {thetas[0]:.4f} at k=1 -> "
@@ -113,7 +114,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     for ax in (a, b):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -126,9 +127,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = compute(args.smoke)
     name = "pkpo_toy_figure"
-    (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(out / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     text = report(rows, args.smoke)
-    (out / f"{name}.md").write_text(text)
+    write_atomic(out / f"{name}.md", text)
     plot(rows, out / f"{name}.png")
     print(text)
     return 0

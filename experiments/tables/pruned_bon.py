@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from kjax import inference, pruned_sampling
+from kjax.files import write_atomic, write_figure
 from kjax.pruned_sampling import Scorer, sample_pruned
 from kjax.rl import task as task_lib
 
@@ -358,7 +359,7 @@ def plot(rows: list[dict], path: pathlib.Path, title: str) -> None:
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -442,8 +443,8 @@ def main(argv=None) -> int:
         f"T={cfg.max_new_tokens}, temperature {setup.temperature:g}; "
         f"{seconds:.0f} s on this machine)"
     )
-    (workdir / "pruned_bon.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (workdir / "pruned_bon.md").write_text(markdown(rows, setup, header))
+    write_atomic(workdir / "pruned_bon.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(workdir / "pruned_bon.md", markdown(rows, setup, header))
     plot(rows, workdir / "pruned_bon.png", header.removeprefix("## "))
     print(markdown(rows, setup, header))
     print(f"wrote {workdir}/pruned_bon.{{md,png,jsonl}} in {seconds:.0f} s")

@@ -302,6 +302,22 @@ def _to_sampler(sampler_mesh: Mesh | None) -> Callable:
     return copy
 
 
+def _unweighted_terms(rl) -> str:
+    """The penalty and bonus no lag correction weights: estimated on mu's samples, so each
+    is the behaviour policy's expectation, not the current one's (docs/async.md)."""
+    terms = [
+        name
+        for name, coef in (("KL penalty", rl.kl_coef), ("entropy bonus", rl.entropy_coef))
+        if coef > 0
+    ]
+    if not terms:
+        return ""
+    return (
+        f"; the {' and '.join(terms)} are NOT importance-weighted (estimated on the stale "
+        "samples): biased"
+    )
+
+
 def _warn_lag(cfg: TrainConfig, log) -> None:
     """Says, once per run, what a stale rollout's correction leaves biased (never silently)."""
     rl = cfg.rl
@@ -319,8 +335,19 @@ def _warn_lag(cfg: TrainConfig, log) -> None:
                 else ""
             )
         ),
-        "EXACT": "re-weights them exactly (unbiased; untruncated ratios, so higher variance)",
+        "EXACT": (
+            "re-weights the objective's gradient exactly (unbiased; untruncated ratios, so "
+            "higher variance"
+            + (
+                "; PPO decoupled: exact where its clip around the step's start does not bind"
+                if rl.loss.name == "PPO"
+                else ""
+            )
+            + ")"
+        ),
     }[rl.lag_correction.name]
+    if rl.lag_correction.name != "NONE":
+        how += _unweighted_terms(rl)
     log(
         f"note: rl.policy_lag={rl.policy_lag}: each rollout comes from the parameters of "
         f"{rl.policy_lag} update(s) ago, and rl.lag_correction={rl.lag_correction.name} {how}."

@@ -161,6 +161,35 @@ def _clipped_objective(ratio, adv, epsilon, dual_clip):
     return obj, is_clipped, is_dual
 
 
+# Largest log |w A| of an importance-weighted advantage: e^60 ~ 1.1e26. Below it the
+# product is exact; it binds only where |w A| > 1.1e26 (so it CAN bind, and the trainer
+# counts where it does), where the unguarded exp(log w) * A is inf or, for A = 0, nan.
+MAX_LOG_WEIGHTED_ADVANTAGE = 60.0
+
+
+def importance_weighted_advantages(
+    log_weights: jax.Array, advantages: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """w * A with w = exp(log_weights), in log space: log_weights, advantages [B, N] -> [B, N].
+
+    Computed as sign(A) exp(min(log w + log|A|, MAX_LOG_WEIGHTED_ADVANTAGE)) and exactly 0
+    where A = 0: exp(log w) overflows float32 once log w > 88.7, and inf * 0 is nan, so a
+    single runaway ratio with a zero advantage would otherwise stop the run. Because w > 0,
+    w A passed as the advantage of policy_gradient_loss or ppo_clip_loss is the same loss as
+    A with the weight w (min and max commute with a positive scale). Under stop_gradient.
+
+    Returns:
+      (w A [B, N], capped [B, N] bool: where the clamp bound, i.e. |w A| > e^60).
+    """
+    log_w = jax.lax.stop_gradient(_float(log_weights))
+    adv = jax.lax.stop_gradient(_float(advantages))
+    zero = adv == 0
+    log_abs = log_w + jnp.log(jnp.where(zero, 1.0, jnp.abs(adv)))
+    capped = ~zero & (log_abs > MAX_LOG_WEIGHTED_ADVANTAGE)
+    magnitude = jnp.exp(jnp.minimum(log_abs, MAX_LOG_WEIGHTED_ADVANTAGE))
+    return jnp.where(zero, 0.0, jnp.sign(adv) * magnitude), capped
+
+
 # Largest sequence log-ratio exponentiated: exp(60) ~ 1e26 stays finite in float32 times any
 # advantage, so a runaway sample cannot turn the loss (or, through exp's gradient, every
 # other gradient) into inf/nan. Beyond it the ratio's gradient is 0; such a sample is

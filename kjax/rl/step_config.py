@@ -101,7 +101,15 @@ class LagCorrection(enum.Enum):
            multiplies sample i's own score function by its sequence ratio rho_i = pi_theta(y_i)
            / mu(y_i): the expected update is grad J_k of the current policy, for any d.
            Objective MEAN with a baseline that does not depend on y_i (RLOO, SHRINKAGE) needs
-           only rho_i. Untruncated, so its variance grows with how far pi_theta is from mu.
+           only rho_i. Untruncated, so its variance grows with how far pi_theta is from mu;
+           w_i A_i is formed in log space (kjax.rl.losses.importance_weighted_advantages).
+           PPO is decoupled (Hilton et al. 2021): the weight pi_start / mu times PPO's ratio
+           pi_theta / pi_start clipped around the step's starting policy, so the update is
+           exact wherever the clip does not bind, always on a step's first update. Refused
+           with what would truncate or reshape rho_i A_i: tis_cap, offpolicy_clamp,
+           offpolicy_max_at_k=LINEAR, aggregation SEQ_MEAN_TOKEN_MEAN. The KL penalty and
+           entropy bonus are NOT importance-weighted: they are estimated on mu's samples (the
+           run's log says so).
     """
 
     NONE = "none"
@@ -129,7 +137,8 @@ class StepConfig:
     policy_lag: d >= 0, the staleness of the rollouts: step t's come from the parameters of
       step t - d (the first d steps' from the initial ones). 0 is the synchronous loop.
     lag_correction: LagCorrection, how the update corrects that staleness (TIS reads
-      tis_cap; EXACT needs PG, or PPO with ratio_level=SEQUENCE, and no tis_cap).
+      tis_cap; EXACT needs PG, or PPO with ratio_level=SEQUENCE (decoupled), and none of
+      tis_cap, offpolicy_clamp, SEQ_MEAN_TOKEN_MEAN).
     """
 
     loss: PolicyLoss = PolicyLoss.PG
@@ -240,6 +249,19 @@ class StepConfig:
                 "the re-weighted advantage multiplies each sample's sequence ratio "
                 "pi_theta(y) / mu(y), which a per-token ratio is not once T > 1."
             )
+        if self.offpolicy_clamp is not None:
+            raise ValueError(
+                "`rl.lag_correction`=EXACT re-weights by the others' untruncated ratios; "
+                f"rl.offpolicy_clamp={self.offpolicy_clamp!r} would truncate them (a biased "
+                f"gradient). Unset rl.offpolicy_clamp, or {fix}."
+            )
+        if self.aggregation is LossAggregation.SEQ_MEAN_TOKEN_MEAN:
+            raise ValueError(
+                "`rl.lag_correction`=EXACT promises grad J_k, but rl.aggregation="
+                "SEQ_MEAN_TOKEN_MEAN scales sample i's gradient by 1/L_i (GRPO's per-length "
+                "mean; biased, LossAggregation). Set rl.aggregation=TOKEN_SUM or "
+                f"CONSTANT_NORMALIZER, or {fix}."
+            )
         if self.offpolicy_max_at_k is OffPolicyMaxAtK.LINEAR:
             raise ValueError(
                 "`rl.lag_correction`=EXACT re-weights every update exactly; "
@@ -255,10 +277,11 @@ class StepConfig:
     @property
     def needs_old_logprobs(self) -> bool:
         """Whether the update needs the step's starting policy's log-probs (PPO's ratio, TIS).
-        With lag_correction=EXACT the ratio's denominator is the behaviour policy, whose
-        log-probs the batch carries (sampler_logprobs), so none are computed."""
+        With lag_correction=EXACT, PG's ratio's denominator is the behaviour policy, whose
+        log-probs the batch carries (sampler_logprobs), so none are computed; PPO still
+        clips around the step's starting policy (decoupled PPO) and needs them."""
         if self.lag_correction is LagCorrection.EXACT:
-            return False
+            return self.loss is PolicyLoss.PPO  # decoupled: PPO clips around the start
         return self.loss is PolicyLoss.PPO or self.tis_cap is not None
 
     @property

@@ -187,8 +187,6 @@ def loss_of_logprobs(
     tests differentiate this through tabular policies.
     """
     exact_lag = cfg.lag_correction is LagCorrection.EXACT
-    if exact_lag:  # the ratio's denominator is the behaviour policy that drew the rollout
-        old_logprobs = batch.sampler_logprobs
     if cfg.needs_old_logprobs and old_logprobs is None:
         raise ValueError(
             f"loss_fn: rl.loss={cfg.loss.name} / rl.tis_cap={cfg.tis_cap!r} needs "
@@ -196,7 +194,10 @@ def loss_of_logprobs(
         )
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("loss_fn: rl.kl_coef > 0 needs ref_logprobs [B,N,T].")
-    if reweight is not None and (k is None or old_logprobs is None):
+    # Under EXACT the others' ratios (reweight) are against the behaviour policy mu that
+    # drew the rollout, whose log-probs the batch carries; otherwise against the step's start.
+    ratio_base = batch.sampler_logprobs if exact_lag else old_logprobs
+    if reweight is not None and (k is None or ratio_base is None):
         raise ValueError("loss_fn: `reweight` needs k and old_logprobs.")
     agg = dict(aggregation=cfg.aggregation, max_len=batch.tokens.shape[-1])
     metrics = {}
@@ -209,14 +210,26 @@ def loss_of_logprobs(
     if reweight is not None or exact_lag:  # the policy has moved since sampling
         log_ratio = jax.lax.stop_gradient(
             losses.sequence_logprob(logp, batch.mask)
-            - losses.sequence_logprob(old_logprobs, batch.mask)
+            - losses.sequence_logprob(ratio_base, batch.mask)
         )
     if reweight is not None:
         again = reweight(batch.scores, log_ratio, k).astype(adv.dtype)
         adv = again if exact_lag else jnp.where(first, adv, again)
-    if exact_lag and cfg.loss is PolicyLoss.PG:  # PPO's sequence ratio carries rho_i itself
-        is_w = jnp.broadcast_to(jnp.exp(log_ratio)[..., None], logp.shape)
-        metrics["lag_ratio_max"] = jnp.max(jnp.exp(log_ratio))
+    if exact_lag:
+        # Sample i's own weight: PG takes the whole rho_i = pi_theta / mu; PPO (decoupled,
+        # Hilton et al. 2021) takes pi_start / mu and its clipped ratio pi_theta / pi_start
+        # supplies the rest, so where the clip does not bind (always on a step's first
+        # update, pi_theta = pi_start) the gradient is rho_i A_i grad log pi. In log space:
+        # exp(log w) overflows at 88.7 and inf * 0 = nan (importance_weighted_advantages).
+        log_w = log_ratio
+        if cfg.loss is PolicyLoss.PPO:
+            log_w = jax.lax.stop_gradient(
+                losses.sequence_logprob(old_logprobs, batch.mask)
+                - losses.sequence_logprob(batch.sampler_logprobs, batch.mask)
+            )
+        adv, capped = losses.importance_weighted_advantages(log_w, adv)
+        metrics["lag_log_ratio_max"] = jnp.max(log_ratio)
+        metrics["lag_weight_capped_fraction"] = jnp.mean(capped)
     if cfg.loss is PolicyLoss.PPO:
         loss, m = losses.ppo_clip_loss(
             logp,

@@ -187,8 +187,9 @@ def test_ppo_exact_with_sequence_ratio_is_accepted():
         policy_lag=2,
         lag_correction=LagCorrection.EXACT,
     )
-    # every update re-weights, against the behaviour policy the batch carries
-    assert cfg.reweights and not cfg.needs_old_logprobs
+    # every update re-weights against the behaviour policy the batch carries; PPO is
+    # decoupled, clipping around the step's start (tests/rl/test_lag_exactness.py proves it)
+    assert cfg.reweights and cfg.needs_old_logprobs
 
 
 def test_uncorrected_lag_is_named_in_the_log(tmp_path):

@@ -19,7 +19,10 @@ for MEAN, J_2 = E[max of 2] for max@2): no kjax advantage, ratio or loss code. T
 EXACT (the others' sequence ratios against mu via offpolicy_reweighter, PG weighted by the
 own sequence ratio rho_i; for MEAN with RLOO, rho_i alone) is exact (< 1e-9; measured
 <= 1e-14) for MEAN and max@2 with S, LOO_MINUS_ONE and L2O at d = 1, 2 and 4 (largest
-sequence ratio pi/mu 1.39, 1.72, 3.22).
+sequence ratio pi/mu 1.39, 1.72, 3.22), with PG and with decoupled PPO (weight
+pi_start / mu, ratio pi / pi_start clipped around the step's start): on a step's first
+update, and on a later one whose ratios stay inside the clip (epsilon 0.9); at epsilon
+0.02 the clip binds and the later update is not grad J (error > 1%).
 
 Stated biases (relative errors, each tested to within 10%), objective MEAN (RLOO) or max@2
 (MAX2-<estimator>, LOO_M1 = LOO_MINUS_ONE), N = 3:
@@ -162,9 +165,10 @@ def _grad_j_k(theta, k):
     return jax.grad(j_k)(theta)
 
 
-def _expected_update(mu, theta, objective, k, step):
+def _expected_update(mu, theta, objective, k, step, start=None):
     """sum over N-groups y ~ mu of prod_i mu(y_i) * (-grad of loss_of_logprobs at theta),
-    each group a batch of B = 1 with mu's log-probs and the on-policy advantages."""
+    each group a batch of B = 1 with mu's log-probs and the on-policy advantages. start:
+    the step's starting policy (old_logprobs); None: theta itself (a step's first update)."""
     tokens = SEQUENCES[GROUPS]  # [G, N, T]
     weight = jnp.prod(_sequence_probs(mu)[GROUPS], axis=1)  # P_mu(group) [G]
     scores = jnp.asarray(REWARDS[GROUPS])  # [G, N]
@@ -181,7 +185,9 @@ def _expected_update(mu, theta, objective, k, step):
             logp,
             batch,
             step,
-            old_logprobs=jax.lax.stop_gradient(logp),  # the step's starting policy: theta
+            old_logprobs=jax.lax.stop_gradient(  # the step's starting policy
+                logp if start is None else _token_logprobs(start, tok)[None]
+            ),
             k=jnp.int32(k),
             reweight=reweight,
         )
@@ -203,27 +209,59 @@ def _relative_error(got, want):
     return float(np.linalg.norm(g - w) / np.linalg.norm(w))
 
 
-def _lag_error(name, d, **fields):
+def _lag_error(name, d, start=None, **fields):
     """(relative error of the expected update against grad J of the current policy,
     largest sequence ratio pi/mu, largest per-token ratio) at lag d."""
     objective, k = OBJECTIVES[name]
     chain = _versions()
     theta, mu = chain[-1], chain[-1 - d]
     step = StepConfig(policy_lag=d, **fields)
-    err = _relative_error(_expected_update(mu, theta, objective, k, step), _grad_j_k(theta, k))
+    got = _expected_update(mu, theta, objective, k, step, start)
+    err = _relative_error(got, _grad_j_k(theta, k))
     token_ratio = jnp.exp(_token_logprobs(theta, SEQUENCES) - _token_logprobs(mu, SEQUENCES))
     seq_ratio = _sequence_probs(theta) / _sequence_probs(mu)
     return err, float(jnp.max(seq_ratio)), float(jnp.max(token_ratio))
 
 
+EXACT_LOSSES = {  # rl.loss under EXACT -> StepConfig fields (PPO: decoupled, one update)
+    "PG": dict(lag_correction=LagCorrection.EXACT),
+    "PPO": dict(
+        lag_correction=LagCorrection.EXACT, loss=PolicyLoss.PPO, ratio_level=RatioLevel.SEQUENCE
+    ),
+}
+
+
+@pytest.mark.parametrize("loss", list(EXACT_LOSSES))
 @pytest.mark.parametrize("d", [1, 2, 4])
 @pytest.mark.parametrize("name", list(OBJECTIVES))
-def test_exact_lag_correction_is_grad_j_of_the_current_policy(name, d):
+def test_exact_lag_correction_is_grad_j_of_the_current_policy(name, d, loss):
+    """A step's first update (the start is the current policy): PG's rho_i, and decoupled
+    PPO's pi_start / mu times its unclipped ratio 1, give grad J of the current policy."""
     with jax.enable_x64(True):
-        err, max_ratio, _ = _lag_error(name, d, lag_correction=LagCorrection.EXACT)
-    print(f"{name} d={d} EXACT: max sequence ratio {max_ratio:.2f}, relative error {err:.1e}")
+        err, max_ratio, _ = _lag_error(name, d, **EXACT_LOSSES[loss])
+    print(f"{name} d={d} EXACT {loss}: max sequence ratio {max_ratio:.2f}, error {err:.1e}")
     assert max_ratio > 1.3  # mu really differs from the current policy
     assert err < 1e-9
+
+
+@pytest.mark.parametrize("name", ["MEAN", "MAX2-L2O"])
+def test_decoupled_ppo_later_update_is_exact_where_the_clip_does_not_bind(name):
+    """A later update of a step: the start is theta_3, the current policy theta_4, mu =
+    theta_2 (d = 2). With epsilon 0.9 no ratio pi/pi_start leaves [0.1, 1.9], so the
+    weight (pi_start / mu) (pi / pi_start) = pi / mu is exact; at epsilon 0.02 the clip
+    binds and the update is PPO's trust-region step, not grad J (checked: error > 1%)."""
+    chain = _versions()
+    start = chain[-2]
+    with jax.enable_x64(True):
+        ratio = _sequence_probs(chain[-1]) / _sequence_probs(start)
+        assert 0.1 < float(ratio.min()) and float(ratio.max()) < 1.9 and float(ratio.max()) > 1.05
+        wide = dict(EXACT_LOSSES["PPO"], ppo_epsilon=0.9, epochs=2)
+        err, _, _ = _lag_error(name, 2, start=start, **wide)
+        narrow = dict(EXACT_LOSSES["PPO"], ppo_epsilon=0.02, epochs=2)
+        clipped, _, _ = _lag_error(name, 2, start=start, **narrow)
+    print(f"{name}: later update error {err:.1e} (epsilon 0.9), {clipped:.3f} (epsilon 0.02)")
+    assert err < 1e-9
+    assert clipped > 1e-2
 
 
 BIASED = [(name, d, c) for name in OBJECTIVES for d in (1, 2) for c in CORRECTIONS]

@@ -171,3 +171,13 @@ def test_every_benchmark_parses_its_own_arguments(module):
     # The modules are imported together above: none may define process-global flags that
     # collide with another's (absl's did: --shapes, --steps, --out).
     assert module.parse_args(["--smoke"]).smoke
+
+
+def test_seed_axis_grad_smoke_runs_and_its_three_gradients_agree(capsys):
+    from experiments.bench import seed_axis_grad
+
+    result = seed_axis_grad.main(["--smoke", "--seeds", "2"])
+    assert all(_positive(result[k]) for k in ("one_ms", "vmapped_ms", "stacked_ms")), result
+    assert result["disagreement"] < 1e-4  # vmapped = one per seed; stacked = 2 x one
+    out = capsys.readouterr().out
+    assert "2 batches vmapped over 2 parameter sets" in out and "agree to" in out

@@ -35,7 +35,7 @@ def test_a_moved_arm_shows_its_difference_and_verdict_change():
     moved = [r for r in out["rows"] if r["arm"] == "b"]
     assert all(abs(r["max_abs_diff"] - 0.2) < 1e-12 and not r["identical"] for r in moved)
     changed = {v["claim"]: (v["a"], v["b"]) for v in out["claims"] if v["changed"]}
-    assert changed["1"] == ("reproduced", "opposite")
+    assert changed["1"] == ("reproduced", "not reproduced: opposite direction")
 
 
 def test_rows_from_two_cpus_are_named_with_their_instruction_sets(tmp_path, capsys):

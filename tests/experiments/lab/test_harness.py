@@ -119,9 +119,11 @@ def test_a_table_judges_its_claims_together():
 # ------------------------------------------------------------------------------ verdicts
 
 
-def interval_verdict(kind: ClaimKind, d: np.ndarray, margin: float, eq: float) -> str:
-    """The verdict of one claim read off its t-intervals (no p-values): 95% for a one-sided
-    test at 2.5%, 90% for two one-sided tests at 5%."""
+def interval_verdict(
+    kind: ClaimKind, d: np.ndarray, margin: float, eq: float, paper: float | None = None
+) -> str:
+    """The verdict of one claim (a family of one: Holm changes nothing) read off its
+    t-intervals, no p-values: 95% for a one-sided test at 2.5%, 90% for two at 5%."""
     _, low, high = claims.t_interval(d)
     half90 = stats.t.ppf(0.95, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
     low90, high90 = d.mean() - half90, d.mean() + half90
@@ -134,7 +136,10 @@ def interval_verdict(kind: ClaimKind, d: np.ndarray, margin: float, eq: float) -
     if reproduced:
         return claims.REPRODUCED
     if opposite:
-        return claims.OPPOSITE
+        return claims.opposite(kind)
+    if paper is not None:  # the 95% interval on the near side of the paper's effect
+        excluded = high < paper if kind is ClaimKind.GREATER else low > paper
+        return claims.below_paper(paper) if excluded else claims.INCONCLUSIVE
     return claims.no_effect(eq) if -eq < low90 and high90 < eq else claims.INCONCLUSIVE
 
 
@@ -151,23 +156,36 @@ INTERVALS = [
     (-0.02, 0.02),
     (-0.2, 0.3),
     (-0.021, -0.019),
+    (-0.01, 0.0249),  # just below a paper effect of +0.025
+    (-0.01, 0.0251),  # just above it
+    (-0.0249, 0.01),  # the mirror for a LESS claim's -0.025
+    (-0.0251, 0.01),
+    (-0.02, 0.027),  # inside +-0.03 at 90%, but the paper's +0.025 is inside too
 ]
+PAPER = {ClaimKind.GREATER: 0.025, ClaimKind.LESS: -0.025}
 
 
-@pytest.mark.parametrize("kind", list(ClaimKind))
+KINDS = [(kind, None) for kind in ClaimKind] + list(PAPER.items())  # (kind, paper effect)
+
+
+@pytest.mark.parametrize(("kind", "paper"), KINDS)
 @pytest.mark.parametrize(("low", "high"), INTERVALS)
-def test_verdict_of_one_claim_is_its_interval_reading(kind, low, high):
+def test_verdict_of_one_claim_is_its_interval_reading(kind, low, high, paper):
     d = diffs_with_interval(low, high)
     rows = rows_of({"a": d})
-    claim = Claim("x", "", "m", "a", None, kind, margin=0.02, equivalence_margin=0.03)
-    assert claims.judge(rows, claim)["verdict"] == interval_verdict(kind, d, 0.02, 0.03)
+    claim = Claim("x", "", "m", "a", None, kind, 0.02, 0.03, paper_effect=paper)
+    got = claims.judge(rows, claim)["verdict"]
+    assert got == interval_verdict(kind, d, 0.02, 0.03, paper)
+    assert got in claims.possible_verdicts(claim)
+    if paper is not None:  # 0.03 exceeds the paper's 0.025: never "no effect > 0.03"
+        assert "no effect" not in got
 
 
 @pytest.mark.parametrize(
     ("low", "high", "expected"),
     [
         (-0.015, -0.001, claims.REPRODUCED),  # below 0 but inside the margin
-        (-0.05, -0.025, claims.OPPOSITE),  # worse by more than the margin
+        (-0.05, -0.025, claims.opposite(ClaimKind.NONINFERIOR)),  # worse beyond the margin
         (-0.03, 0.05, claims.INCONCLUSIVE),
     ],
 )
@@ -180,8 +198,47 @@ def test_noninferiority_is_judged_against_the_margin_not_zero(low, high, expecte
 def test_a_null_result_bounds_the_effect():
     rows = rows_of({"a": 0.001 + 0.005 * Z})  # 90% interval about [-0.004, 0.006]
     j = claims.judge(rows, Claim("x", "", "m", "a", None))
-    assert j["verdict"] == claims.no_effect(0.03) == "not reproduced (no effect larger than 0.03)"
+    assert j["verdict"] == claims.no_effect(0.03)
+    assert j["verdict"] == "not reproduced: no effect larger than 0.03 (kjax's margin)"
     assert j["p_equivalent"] < 0.05 < j["p"]
+
+
+def test_an_interval_beyond_the_margin_is_never_no_effect_even_when_holm_hides_it():
+    """Table 2's 2d' case: a noninferiority claim whose whole 95% interval lies beyond its
+    -0.02 margin (unadjusted p < 0.025), in a family of two where Holm doubles that p past
+    0.025, and inside +-0.03 at 90%: before, "no effect larger than 0.03"; now the label says
+    the interval is worse than the margin, before Holm only."""
+    d = diffs_with_interval(-0.027, -0.0205)
+    family = [
+        Claim("x", "", "m", "a", None, ClaimKind.NONINFERIOR, margin=0.02),
+        Claim("y", "", "m", "b", None),
+    ]
+    judged = claims.judge_all(rows_of({"a": d, "b": 0.1 + 0.3 * Z}), family)
+    x = judged[0]
+    assert x["p_opposite"] < 0.025 < x["p_opposite_holm"] and x["p_bound_holm"] < 0.05
+    assert x["verdict"] == claims.opposite(ClaimKind.NONINFERIOR, before_holm=True)
+    assert x["verdict"] == "not reproduced: worse than the margin (before Holm only)"
+    alone = claims.judge(rows_of({"a": d}), family[0])
+    assert alone["verdict"] == "not reproduced: worse than the margin"
+
+
+def test_a_paper_effect_below_the_margin_replaces_no_effect():
+    """Table 3's 3a case: Bagirov et al.'s effect is +0.025, below kjax's 0.03; a difference
+    near 0 is "excludes the paper's effect (+0.025)", in its own Holm family."""
+    rows = rows_of({"a": 0.001 + 0.005 * Z})
+    c = Claim("x", "", "m", "a", None, paper_effect=0.025)
+    j = claims.judge(rows, c)
+    assert j["verdict"] == "not reproduced: excludes the paper's effect (+0.025)"
+    assert j["p_bound"] == j["p_paper"] < 0.025
+
+
+@pytest.mark.parametrize(
+    "kind, effect",
+    [(ClaimKind.GREATER, -0.1), (ClaimKind.LESS, 0.1), (ClaimKind.NONINFERIOR, 0.1)],
+)
+def test_a_paper_effect_must_point_the_claims_way(kind, effect):
+    with pytest.raises(ValueError, match="paper_effect"):
+        Claim("x", "", "m", "a", None, kind, paper_effect=effect)
 
 
 # ----------------------------------------------------------------------------------- MDE
