@@ -93,6 +93,24 @@ _FIXED = {
     Family.QWEN3: {"hidden_act": "silu", "attention_bias": False},
     Family.MISTRAL: {"hidden_act": "silu"},
 }
+
+
+class AttentionBackend(enum.Enum):
+    """How attention is computed (kjax/models/attention.py; docs/models.md).
+
+    AUTO: by the platform traced for (a TPU splash kernel, a GPU cuDNN call, the jnp
+    reference elsewhere and wherever a kernel does not apply). JNP: the reference, what
+    CPU runs. SPLASH: Pallas splash attention (TPU; interpreted elsewhere, for tests).
+    CUDNN: `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16; its
+    XLA implementation elsewhere, for tests). Not part of a checkpoint's config.json.
+    """
+
+    AUTO = "auto"
+    JNP = "jnp"
+    SPLASH = "splash"
+    CUDNN = "cudnn"
+
+
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -115,7 +133,8 @@ class LlamaConfig:
     The family fixes the architecture's extras (properties `qkv_bias`: Qwen2, `qk_norm`:
     Qwen3). `sliding_window` W: a query attends only keys fewer than W positions back, on
     the layers `sliding_layers` marks ([L] bools; every layer when left empty); None: no
-    window.
+    window. `attention` picks the attention backend (AttentionBackend; a run setting, not
+    the model's math, so from_hf/to_hf leave it out).
     """
 
     vocab_size: int
@@ -135,8 +154,10 @@ class LlamaConfig:
     family: Family = Family.LLAMA
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
+    attention: AttentionBackend = AttentionBackend.AUTO
 
     def __post_init__(self):
+        object.__setattr__(self, "attention", AttentionBackend(self.attention))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
