@@ -157,7 +157,11 @@ class LlamaConfig:
     attention: AttentionBackend = AttentionBackend.AUTO
 
     def __post_init__(self):
-        object.__setattr__(self, "attention", AttentionBackend(self.attention))
+        try:
+            object.__setattr__(self, "attention", AttentionBackend(self.attention))
+        except ValueError:
+            names = ", ".join(b.value for b in AttentionBackend)
+            raise ValueError(f"attention={self.attention!r} must be one of {names}") from None
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
