@@ -14,6 +14,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from kjax.attention_backend import AttentionBackend
+
 # config.json fields that do not change the forward math (bookkeeping, training-only).
 _IGNORED_FIELDS = frozenset(
     {
@@ -93,22 +95,6 @@ _FIXED = {
     Family.QWEN3: {"hidden_act": "silu", "attention_bias": False},
     Family.MISTRAL: {"hidden_act": "silu"},
 }
-
-
-class AttentionBackend(enum.Enum):
-    """How attention is computed (kjax/models/attention.py; docs/models.md).
-
-    AUTO: by the platform traced for (a TPU splash kernel, a GPU cuDNN call, the jnp
-    reference elsewhere and wherever a kernel does not apply). JNP: the reference, what
-    CPU runs. SPLASH: Pallas splash attention (TPU; interpreted elsewhere, for tests).
-    CUDNN: `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16; its
-    XLA implementation elsewhere, for tests). Not part of a checkpoint's config.json.
-    """
-
-    AUTO = "auto"
-    JNP = "jnp"
-    SPLASH = "splash"
-    CUDNN = "cudnn"
 
 
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

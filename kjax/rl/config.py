@@ -17,9 +17,9 @@ import math
 
 from kjax import tasks
 from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
+from kjax.attention_backend import AttentionBackend
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
-from kjax.models.config import AttentionBackend
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.rl.objective_config import (
     IDENTITY_IF_SET,
