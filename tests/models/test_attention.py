@@ -130,6 +130,11 @@ def test_auto_is_the_jnp_reference_on_cpu():
                                  jnp.float32, 8) is backend  # fmt: skip
     assert LlamaConfig.from_hf(CONFIG.to_hf()).attention is AttentionBackend.AUTO
     assert "attention" not in CONFIG.to_hf()
+    # A run's identity (its workdir) changes only when the backend is named.
+    from kjax.rl.config import ModelConfig, to_json
+
+    assert "attention" not in to_json(ModelConfig())
+    assert to_json(ModelConfig(attention="splash"))["attention"] == "splash"
 
 
 def test_a_kernel_refuses_what_it_does_not_implement():
