@@ -7,8 +7,9 @@ import enum
 class AttentionBackend(enum.Enum):
     """How attention is computed (kjax/models/attention.py; docs/models.md).
 
-    AUTO: by the platform traced for (a TPU splash kernel, a GPU cuDNN call, the jnp
-    reference elsewhere and wherever a kernel does not apply). JNP: the reference, what
+    AUTO: by the platform traced for (the TPU splash kernel; the jnp reference elsewhere,
+    GPUs included until the cuDNN call is compiled for one, and wherever a kernel does
+    not apply). JNP: the reference, what
     CPU runs. SPLASH: Pallas splash attention (TPU; interpreted elsewhere, for tests).
     CUDNN: `jax.nn.dot_product_attention(implementation="cudnn")` (GPU, bf16/fp16; its
     XLA implementation elsewhere, for tests). Not part of a checkpoint's config.json.
