@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kjax import sharding
-from kjax.models import llama
-from kjax.models.config import LlamaConfig
+from kjax.models import attention, llama
+from kjax.models.config import AttentionBackend, LlamaConfig
 
 _NUCLEUS_CANDIDATES = 64  # top-p from a top-k of this size; exact fallback: bisection over V
 _FIRST_WINDOW = 16  # own-K/V window of the first decode phase; it doubles each phase
@@ -182,11 +182,16 @@ def prefill(params, config: LlamaConfig, prompts, prompt_mask, dtype=jnp.float32
     last = S - 1 - jnp.argmax(prompt_mask[:, ::-1], axis=-1)  # last real token of each row
     at_last = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B,1,D]
 
+    backend = attention.resolve(config, dtype, S)
+
     def block(x, inputs):
         layer, window = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
-        m = llama.windowed(mask, window, positions, positions)
-        x = sharding.constrain_batch(llama.layer_out(layer, config, x, llama.attention(q, k, v, m)))
+        if backend is AttentionBackend.JNP:
+            out = llama.attention(q, k, v, llama.windowed(mask, window, positions, positions))
+        else:  # the same causal, padding-masked attention through a kernel
+            out = attention.grouped_attention(backend, q, k, v, prompt_mask, 0, 0)
+        x = sharding.constrain_batch(llama.layer_out(layer, config, x, out))
         return x, ((k, v, at_last(x)[:, 0]) if with_hidden else (k, v))
 
     x0 = sharding.constrain_batch(llama.embed(params, prompts, dtype))

@@ -14,6 +14,8 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from kjax.attention_backend import AttentionBackend
+
 # config.json fields that do not change the forward math (bookkeeping, training-only).
 _IGNORED_FIELDS = frozenset(
     {
@@ -93,6 +95,8 @@ _FIXED = {
     Family.QWEN3: {"hidden_act": "silu", "attention_bias": False},
     Family.MISTRAL: {"hidden_act": "silu"},
 }
+
+
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -115,7 +119,8 @@ class LlamaConfig:
     The family fixes the architecture's extras (properties `qkv_bias`: Qwen2, `qk_norm`:
     Qwen3). `sliding_window` W: a query attends only keys fewer than W positions back, on
     the layers `sliding_layers` marks ([L] bools; every layer when left empty); None: no
-    window.
+    window. `attention` picks the attention backend (AttentionBackend; a run setting, not
+    the model's math, so from_hf/to_hf leave it out).
     """
 
     vocab_size: int
@@ -135,8 +140,14 @@ class LlamaConfig:
     family: Family = Family.LLAMA
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
+    attention: AttentionBackend = AttentionBackend.AUTO
 
     def __post_init__(self):
+        try:
+            object.__setattr__(self, "attention", AttentionBackend(self.attention))
+        except ValueError:
+            names = ", ".join(b.value for b in AttentionBackend)
+            raise ValueError(f"attention={self.attention!r} must be one of {names}") from None
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="

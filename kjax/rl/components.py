@@ -117,9 +117,11 @@ def step_and_sampler(
 
     The update is shared by every run of this process with the same model, StepConfig,
     OptimizerConfig, objective, mesh and state layout (an in-process cache), so a table's
-    seeds compile it once. Its optimizer is make_optimizer(cfg.optimizer).
+    seeds compile it once. Its optimizer is make_optimizer(cfg.optimizer). Both use
+    cfg.model.attention's backend.
     """
     dtype = cfg.model.compute_dtype
+    model_config = dataclasses.replace(model_config, attention=cfg.model.attention)
     shardings, treedef = jax.tree.flatten(shardings_of(state))
     step_fn = _cached_train_step(
         model_config,

@@ -17,6 +17,7 @@ import math
 
 from kjax import tasks
 from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
+from kjax.attention_backend import AttentionBackend
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
@@ -51,6 +52,7 @@ from kjax.tasks.math import Config as MathConfig
 
 __all__ = [
     "ArithConfig",
+    "AttentionBackend",
     "CheckpointConfig",
     "CodeConfig",
     "CountdownConfig",
@@ -113,6 +115,11 @@ class ModelConfig:
     num_kv_heads: int = 2
     intermediate_size: int = 192
     dtype: DType = DType.FLOAT32  # compute dtype (sampler, train step, SFT)
+    # The attention backend of the update and the sampler's prefill (kjax/models/
+    # attention.py): AUTO is a kernel on TPU/GPU and the jnp reference on CPU.
+    attention: AttentionBackend = dataclasses.field(
+        default=AttentionBackend.AUTO, metadata=IDENTITY_IF_SET
+    )
 
     def __post_init__(self):
         coerce_enums(self, "model.")

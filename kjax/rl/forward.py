@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from kjax import sharding
-from kjax.models import llama
-from kjax.models.config import LlamaConfig
+from kjax.models import attention, llama
+from kjax.models.config import AttentionBackend, LlamaConfig
 
 _CHUNK_ELEMENTS = 1 << 23  # default chunk: ~32 MiB of float32 logits (2048 x 4096)
 
@@ -100,10 +100,14 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
 
     q_c = positions[:, S:]  # [B, N*T] completion positions (for a sliding window)
     t = jnp.arange(T)[None]
+    backend = attention.resolve(config, dtype, S + N * T)
 
     def block(x, inputs):
         layer, w = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
+        if backend is not AttentionBackend.JNP:  # one kernel call, the same mask
+            out = attention.grouped_attention(backend, q, k, v, pmask, N, T)
+            return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
         qp, kp, vp = (a[:, :S] for a in (q, k, v))
         qc, kc, vc = (a[:, S:].reshape(B * N, T, -1, E) for a in (q, k, v))
         out_p = llama.attention(qp, kp, vp, llama.windowed(p_self, w, p_pos, p_pos))

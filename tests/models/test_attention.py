@@ -1,0 +1,189 @@
+"""The attention kernels (kjax/models/attention.py) against the jnp reference on CPU: splash
+in Pallas interpret mode and the cuDNN path's jax.nn.dot_product_attention call with its
+XLA implementation; forward and gradients, with prompt padding, GQA and splash's block
+padding. Then the kernel in kjax's update, compiled for a v5e:2x2 slice."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kjax import sampling, scale
+from kjax.models import attention, llama
+from kjax.models.config import AttentionBackend, LlamaConfig
+from kjax.rl import forward
+
+KERNELS = (AttentionBackend.SPLASH, AttentionBackend.CUDNN)
+CONFIG = LlamaConfig(
+    vocab_size=13, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=8, attention=AttentionBackend.JNP,
+)  # fmt: skip
+
+
+def _reference_mask(prompt_mask, n, t):
+    """[B,L,L] bool: the shared-prompt mask spelled out (query i, key j)."""
+    S = prompt_mask.shape[1]
+    L = S + n * t
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    block = lambda x: np.where(x < S, -1 - x, (x - S) // max(t, 1))  # noqa: E731
+    structure = (j <= i) & ((j < S) | (block(i) == block(j)))
+    pad = np.asarray(prompt_mask, bool)
+    real = np.concatenate([pad, np.ones((len(pad), n * t), bool)], 1)
+    return jnp.asarray(structure[None] & real[:, None, :])
+
+
+SLOW = pytest.mark.slow  # interpret mode compiles each kernel body: 10-60 s on 2 cores
+
+
+@pytest.mark.parametrize("backend", KERNELS, ids=lambda b: b.value)
+@pytest.mark.parametrize(
+    "S,n,t", [(20, 3, 12), pytest.param(40, 0, 0, marks=SLOW)], ids=["update", "prefill"]
+)
+def test_kernel_equals_masked_jnp_attention(backend, S, n, t):
+    """Values and q/k/v gradients of the real rows, float32, to 1e-5; L = 56 and 40 are
+    not multiples of splash's 128-wide blocks, so its padding is exercised too."""
+    B, H, K, E = 2, 4, 2, 8
+    L = S + n * t
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (B, L, H, E))
+    k, v = (jax.random.normal(key, (B, L, K, E)) for key in keys[1:3])
+    prompt_mask = jnp.arange(S)[None] >= jnp.array([[3], [0]])  # row 0 left-padded
+    real = jnp.concatenate([prompt_mask, jnp.ones((B, n * t), bool)], 1)
+    w = jax.random.normal(keys[3], (B, L, H, E)) * real[..., None, None]
+
+    def loss(fn, q, k, v):
+        out = fn(q, k, v)
+        return jnp.sum(w * out), out
+
+    mask = _reference_mask(prompt_mask, n, t)
+    ref = jax.value_and_grad(lambda *a: loss(lambda *b: llama.attention(*b, mask), *a),
+                             argnums=(0, 1, 2), has_aux=True)  # fmt: skip
+    run = lambda *b: attention.grouped_attention(backend, *b, prompt_mask, n, t)  # noqa: E731
+    got = jax.value_and_grad(lambda *a: loss(run, *a), argnums=(0, 1, 2), has_aux=True)
+    (_, out_ref), g_ref = jax.jit(ref)(q, k, v)
+    (_, out), g = jax.jit(got)(q, k, v)
+    np.testing.assert_allclose(out * real[..., None, None], out_ref * real[..., None, None],
+                               atol=1e-5)  # fmt: skip
+    for a, b in zip(g, g_ref, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.parametrize("backend", KERNELS, ids=lambda b: b.value)
+@pytest.mark.parametrize("with_grads", [False, pytest.param(True, marks=SLOW)])
+def test_update_log_probs_match_jnp(backend, with_grads):
+    """completion_logprobs (the update's forward, every layer through the kernel) and, in
+    the slow tier, the parameter gradients of a PG-like sum, against the JNP backend's
+    LSE-merged path (the default tier runs one layer, forward only)."""
+    config = CONFIG if with_grads else dataclasses.replace(CONFIG, num_layers=1)
+    params = llama.Llama(config, rngs=nnx.Rngs(params=jax.random.key(0, impl="unsafe_rbg")))
+    params = params.params()
+    B, S, N, T = 2, 12, 2, 10
+    keys = jax.random.split(jax.random.key(1), 3)
+    prompts = jax.random.randint(keys[0], (B, S), 0, CONFIG.vocab_size)
+    prompt_mask = jnp.arange(S)[None] >= jnp.array([[4], [0]])
+    tokens = jax.random.randint(keys[1], (B, N, T), 0, CONFIG.vocab_size)
+    adv = jax.random.normal(keys[2], (B, N, T))
+
+    def objective(p, config):
+        lp = forward.completion_logprobs(p, config, prompts, prompt_mask, tokens).logprobs
+        return jnp.sum(adv * lp), lp
+
+    kernel = dataclasses.replace(config, attention=backend)
+    if not with_grads:
+        ref, got = (jax.jit(objective, static_argnums=1)(params, c)[1] for c in (config, kernel))
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+        return
+    grad = jax.jit(jax.value_and_grad(objective, has_aux=True), static_argnums=1)
+    (_, lp_ref), g_ref = grad(params, config)
+    (_, lp), g = grad(params, kernel)
+    np.testing.assert_allclose(lp, lp_ref, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_prefill_through_splash_matches_jnp():
+    config = dataclasses.replace(CONFIG, num_layers=1)
+    params = llama.Llama(config, rngs=nnx.Rngs(params=jax.random.key(2, impl="unsafe_rbg")))
+    params = params.params()
+    prompts = jax.random.randint(jax.random.key(3), (2, 9), 0, config.vocab_size)
+    prompt_mask = jnp.arange(9)[None] >= jnp.array([[2], [0]])
+    splash = dataclasses.replace(config, attention=AttentionBackend.SPLASH)
+    prefill = jax.jit(sampling.prefill, static_argnums=1)
+    logits_ref, cache_ref = prefill(params, config, prompts, prompt_mask)
+    logits, cache = prefill(params, splash, prompts, prompt_mask)
+    np.testing.assert_allclose(logits, logits_ref, atol=1e-5)
+    real = prompt_mask[None, :, :, None, None]  # K/V of padding slots are never read
+    np.testing.assert_allclose(cache.k * real, cache_ref.k * real, atol=1e-5)
+    np.testing.assert_allclose(cache.v * real, cache_ref.v * real, atol=1e-5)
+
+
+def test_auto_is_the_jnp_reference_on_cpu():
+    auto = dataclasses.replace(CONFIG, attention=AttentionBackend.AUTO)
+    assert jax.default_backend() == "cpu" and attention.platform() == "cpu"
+    for dtype in (jnp.float32, jnp.bfloat16):
+        assert attention.resolve(auto, dtype, 1 << 16) is AttentionBackend.JNP
+    for backend in (AttentionBackend.JNP, *KERNELS):
+        assert attention.resolve(dataclasses.replace(CONFIG, attention=backend),
+                                 jnp.float32, 8) is backend  # fmt: skip
+    assert LlamaConfig.from_hf(CONFIG.to_hf()).attention is AttentionBackend.AUTO
+    assert "attention" not in CONFIG.to_hf()
+    # A run's identity (its workdir) changes only when the backend is named.
+    from kjax.rl.config import ModelConfig, to_json
+
+    assert "attention" not in to_json(ModelConfig())
+    assert to_json(ModelConfig(attention="splash"))["attention"] == "splash"
+
+
+def test_a_kernel_refuses_what_it_does_not_implement():
+    windowed = dataclasses.replace(
+        CONFIG, family="mistral", sliding_window=4, attention=AttentionBackend.SPLASH
+    )
+    with pytest.raises(ValueError, match="sliding windows"):
+        attention.resolve(windowed, jnp.float32, 1024)
+    auto = dataclasses.replace(windowed, attention=AttentionBackend.AUTO)
+    assert attention.resolve(auto, jnp.float32, 1024) is AttentionBackend.JNP
+    with pytest.raises(ValueError, match="attention='flash' must be one of auto, jnp"):
+        dataclasses.replace(CONFIG, attention="flash")
+
+
+@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
+def test_update_with_splash_compiles_for_v5e_2x2():
+    """kjax's RL update with attention=splash, compiled by the TPU compiler for fsdp 2 x
+    tensor 2: the forward kernel and both backward kernels are in the program, each on
+    its chip's rows and heads ([4 rows, 2 heads, 128, 16] of B=8, H=4; shard_map), and
+    AUTO picks splash there once rows reach KERNEL_MIN_LENGTH."""
+    from kjax import sharding
+    from kjax.rl.components import step_and_sampler
+    from kjax.rl.config import ArithConfig, ModelConfig, TrainConfig
+    from kjax.rl.optim import make_optimizer
+
+    c = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=True,
+                    eos_ids=(1,))  # fmt: skip
+    cfg = TrainConfig(
+        batch_prompts=8, samples=4, max_new_tokens=4, task=ArithConfig(max_prompt_tokens=8),
+        model=ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                          attention="splash"),
+    )  # fmt: skip
+    mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
+    state = scale.abstract_state(
+        scale.abstract_params(c, scale.param_dtype(cfg), mesh), make_optimizer(cfg.optimizer), mesh
+    )
+    shape = scale.Shape.of(cfg)
+    step_fn, _ = step_and_sampler(cfg, c, mesh, state, type("Stops", (), {"stop_ids": (1,)}))
+    batch = scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
+    hlo = step_fn.lower(state, batch, None, np.int32(cfg.objective.k)).compile().as_text()
+    kernels = [line for line in hlo.splitlines() if '"tpu_custom_call"' in line]
+    names = {name for line in kernels for name in ("mha_fwd", "mha_dq", "mha_dkv") if name in line}
+    assert names == {"mha_fwd", "mha_dq", "mha_dkv"}
+    assert any("f32[4,2,128,16]" in line for line in kernels)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        auto = dataclasses.replace(c, attention=AttentionBackend.AUTO)
+        assert attention.platform() == "tpu"
+        assert attention.resolve(auto, jnp.bfloat16, attention.KERNEL_MIN_LENGTH) is (
+            AttentionBackend.SPLASH
+        )
+        assert attention.resolve(auto, jnp.bfloat16, 24) is AttentionBackend.JNP
