@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kjax import sampling
+from kjax import sampling, sharding
 from kjax.models import from_params
 from kjax.models.config import Family
 from tests.models.hf_reference import kjax_from_hf, random_hf_model
@@ -123,3 +123,24 @@ def test_bad_compact_floor_is_refused(model):
     with pytest.raises(ValueError, match="compact_floor"):
         sampling.sample(model, prompts, mask, key=jax.random.key(0), n=2, max_new_tokens=4,
                         compact_floor=-1)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (1, 2, 4)])
+def test_compacting_decode_on_eight_devices_gives_the_single_device_tokens(model, mesh_shape):
+    """Sizes stay multiples of the batch's shards ((8, 1, 1): 16, 8; (1, 2, 4): the cache
+    rows also take tensor, sharding.cache_spec)."""
+    prompts, mask = _prompts()
+    kw = dict(key=jax.random.key(5), n=N, max_new_tokens=T, top_p=0.9, stop_ids=STOPS)
+    single = sampling.sample(model, prompts, mask, **kw)
+    mesh = sharding.make_mesh(*mesh_shape)
+    rows = sharding.batch_sharding(mesh)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        out = sampling.sample(sharding.shard(model, mesh), jax.device_put(prompts, rows),
+                              jax.device_put(mask, rows), compact_floor=FLOOR, **kw)  # fmt: skip
+    assert len(out.tokens.sharding.device_set) == 8
+    for name in ("tokens", "mask", "lengths"):
+        np.testing.assert_array_equal(getattr(out, name), getattr(single, name))
+    np.testing.assert_allclose(out.logprobs, single.logprobs, atol=1e-5)
+    live = _live_counts(single.lengths)
+    assert np.any((live > 0) & (live <= B * N // 2)), live  # it compacted at least once
