@@ -140,6 +140,13 @@ def _choose(logits, key, temperature, top_k: int, top_p: float, greedy: bool):
 
     `greedy` is static so a sampling run never pays for an argmax over V, nor greedy for
     the processing."""
+    u = None if greedy else jax.random.uniform(key, logits.shape[:1])
+    return _choose_with(logits, u, temperature, top_k, top_p, greedy)
+
+
+def _choose_with(logits, u, temperature, top_k: int, top_p: float, greedy: bool):
+    """`_choose` with the uniforms u [R] given (None when greedy): the compacting decode
+    hands each row the uniform its sample has in the full [B*N] vector."""
     pick = lambda a, token: jnp.take_along_axis(a, token[:, None], axis=-1)[:, 0]
     if greedy:
         # First index of the maximum, as argmax, in two plain reductions (2x faster on CPU).
@@ -149,7 +156,7 @@ def _choose(logits, key, temperature, top_k: int, top_p: float, greedy: bool):
         logprob = jnp.zeros(token.shape, jnp.float32)
     else:
         logp = processed_logprobs(logits, temperature, top_k, top_p)
-        token = draw(logp, jax.random.uniform(key, logits.shape[:1]))
+        token = draw(logp, u)
         logprob = pick(logp, token)
     return token, logprob, pick(logits, token) - jax.nn.logsumexp(logits, axis=-1)
 
@@ -319,16 +326,18 @@ def _record(out: Rollouts, step, done, token, logprob, model_logprob, stop_ids):
 
 @functools.partial(
     jax.jit, static_argnames=("config", "n", "max_new_tokens", "top_k", "top_p", "stop_ids",
-                              "greedy", "dtype")
+                              "greedy", "dtype", "compact_floor")
 )  # fmt: skip
 def sample_params(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfig, n: int,
                   max_new_tokens: int, top_k: int = 0, top_p: float = 1.0,
                   stop_ids: tuple[int, ...] = (), greedy: bool = False,
-                  dtype=jnp.float32) -> Rollouts:  # fmt: skip
+                  dtype=jnp.float32, compact_floor: int = 0) -> Rollouts:  # fmt: skip
     """The jitted core of `sample` on a params dict (kjax.models.llama layout).
 
     temperature [] float32 > 0 is traced (changing it does not recompile); greedy=True
-    ignores it. The other options are static.
+    ignores it. The other options are static. compact_floor: 0 decodes all B*N rows to the
+    end; f >= 1 moves the live samples into smaller batches as others stop, down to f rows
+    (`compact_sizes`; the same tokens, see "Compaction" below).
     """
     B, S = prompts.shape
     N, T, L = n, max_new_tokens, config.num_layers
@@ -347,11 +356,13 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
     own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
     own = sharding.constrain_cache(own)
     state = _Loop(jnp.int32(1), done, own, own, out)
+    sizes = compact_sizes(B * N, compact_floor, sharding.batch_shards()) if compact_floor else ()
 
     for window, end in _phases(T):
 
         def cond(s: _Loop, end=end):
-            return (s.step < end) & ~jnp.all(s.done)
+            go = (s.step < end) & ~jnp.all(s.done)
+            return go & (_live(s.done) > sizes[1]) if len(sizes) > 1 else go
 
         def body(s: _Loop, window=window):
             fed = jax.lax.dynamic_index_in_dim(s.out.tokens, s.step - 1, 2, keepdims=False)
@@ -366,12 +377,168 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
         state = jax.lax.while_loop(cond, body, state)
 
     out = state.out
+    if len(sizes) > 1:
+        u_choose = functools.partial(
+            _choose_with, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
+        )
+        decode = functools.partial(_decode_rows, params, config, prompt, key, u_choose,
+                                   greedy=greedy, stop_ids=stop_ids, dtype=dtype)  # fmt: skip
+        out = _compacting_decode(decode, state, sizes, T)
     return out._replace(lengths=out.mask.sum(-1, dtype=jnp.int32))
+
+
+# ----------------------------------------------------------------------------- compaction
+#
+# Compaction (compact_floor >= 1). The decode above runs all B*N rows until the last
+# sample stops. With compaction, each decode loop also stops when at most half of the
+# rows are live; the live samples (their own K/V caches, and which sample each row holds)
+# then move into a batch of the next static size, B*N/2, B*N/4, ... (`compact_sizes`), and
+# decoding goes on there. Each size runs the same phases (own-K/V windows), so the program
+# holds len(sizes) copies of the decode loops: a bounded set of shapes, compiled once.
+#
+# Same tokens. A row's draw uses the uniform its sample has in the full vector
+# uniform(fold_in(key, step), (B*N,)), gathered by the row's sample index, so every
+# sample's stream is the static sampler's. Logits: the first size is the static decode
+# itself; on a compacted batch each row computes the same per-row ops (projections,
+# attention over its prompt's K/V, its own K/V and itself) on fewer rows. They agree
+# with the static decode's to float rounding, not bit for bit: XLA:CPU's dot kernels
+# round a row differently at another row count (a [M,576] x [576,1536] product gives
+# other bits for M < 64 than M = 64; the prompt attention as a [G, E] block per row
+# instead of [G*N, E] per prompt too), measured with jax 0.10.2. So log-probs agree to
+# ~1e-6, and a token can differ only where a uniform or an argmax tie falls within that
+# rounding of a boundary (no token differed in the tests).
+#
+# The shared prompt K/V. The static decode lets the N samples of a prompt attend to its
+# K/V [L,B,S,K,E] as one [N, S] block per prompt, reading it once per prompt per step. A
+# compacted batch holds any mix of samples, so at each compaction the prompt K/V is
+# gathered per row, [L,r,S,K,E], once, and each row attends to its own copy (N = 1 per
+# "prompt" in `_decode_logits`). The cost: r/B times the prompt K/V's memory while that
+# size runs (r <= B*N/2, so at most N/2 times), and per step r reads of a prompt's K/V
+# instead of B. Against it, every per-row cost of a step (the weight matmuls, the own K/V,
+# the head and the draw) shrinks from B*N rows to r. Kept per group instead ([B, N']), a
+# batch would need N' = the most live samples of any prompt, which a long tail keeps near
+# N; gathered per layer inside the scan, the copy would be paid at every step.
+
+
+def compact_sizes(rows: int, floor: int, shards: int = 1) -> tuple[int, ...]:
+    """The static batch sizes of the compacting decode: rows, rows/2, rows/4, ..., halving
+    while the half is a multiple of `shards` (the devices the batch is split over) and at
+    least `floor` rows."""
+    if floor < 1:
+        raise ValueError(f"compact_floor must be >= 1 to compact (0: off), got {floor}")
+    sizes = [rows]
+    while sizes[-1] % (2 * shards) == 0 and sizes[-1] // 2 >= floor:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
+
+
+def decode_row_steps(lengths, sizes: tuple[int, ...]) -> tuple[int, int]:
+    """(live, run) row-steps of the decode loops (steps 1, 2, ...; step 0 is the prefill's
+    draw) for rollouts of these lengths [B,N] (numpy): a sample of length l is live for
+    steps 1..l-1; the loops run while any is live, on sizes[0] = B*N rows (the static
+    decode) or, compacting, on the smallest size that holds the live samples
+    (`compact_sizes`). 1 - live/run is the decode's padding fraction."""
+    lengths = np.asarray(lengths).reshape(-1)
+    live_at = [int(np.sum(lengths > step)) for step in range(1, int(lengths.max()))]
+    run = sum(min(r for r in sizes if r >= live) for live in live_at)
+    return int(np.sum(np.maximum(lengths - 1, 0))), run
+
+
+def _live(done):
+    return jnp.sum(~done, dtype=jnp.int32)
+
+
+class _Rows(NamedTuple):
+    """Carry of a compacted decode loop: _Loop's fields (done [B,N] and the Rollouts
+    buffers [B,N,T] of every sample; own_k/own_v [L,r,C,K,E] of the batch's rows) and
+    rows [r] int32, the sample (b*N + j) each row holds: the live ones first, in order,
+    then stopped samples as filler (their writes are masked as the static decode masks a
+    stopped row's)."""
+
+    step: jax.Array
+    done: jax.Array
+    own_k: jax.Array
+    own_v: jax.Array
+    out: Rollouts
+    rows: jax.Array
+
+
+def _compacting_decode(decode, state: _Loop, sizes: tuple[int, ...], T: int) -> Rollouts:
+    """Continues the static decode's `state` on the smaller `sizes[1:]`: at each size the
+    live samples move in (`_compact`), then the phases run until the next size fits."""
+    B, N = state.done.shape
+    s = _Rows(*state, rows=jnp.arange(B * N, dtype=jnp.int32))
+    for i, r in enumerate(sizes[1:], start=1):
+        s = _compact(s, r)
+        nxt = sizes[i + 1] if i + 1 < len(sizes) else 0
+        s = decode(s, T=T, next_size=nxt)
+    return s.out
+
+
+def _compact(s: _Rows, r: int) -> _Rows:
+    """s on r rows: its live samples first, in row order, then stopped ones. It runs when
+    at most r of the 2r rows are live (or no step is left), so at least r rows have
+    stopped and the r rows chosen are distinct samples."""
+    live = ~s.done.reshape(-1)[s.rows]
+    order = jnp.argsort(~live, stable=True)[:r]
+    take = lambda cache: sharding.constrain_cache(cache[:, order])
+    return s._replace(rows=s.rows[order], own_k=take(s.own_k), own_v=take(s.own_v))
+
+
+def _decode_rows(params, config, prompt: PromptCache, key, choose, s: _Rows, *, T: int,
+                 next_size: int, greedy: bool, stop_ids, dtype) -> _Rows:  # fmt: skip
+    """The decode phases on the r rows of s, until every step is drawn, every sample has
+    stopped, or at most next_size samples are live."""
+    B, N = s.done.shape
+    group = s.rows // N
+    take = lambda a: sharding.constrain_cache(a[:, group])
+    row_prompt = PromptCache(take(prompt.k), take(prompt.v), prompt.mask[group],
+                             prompt.next_pos[group])  # fmt: skip
+    for window, end in _phases(T):
+
+        def cond(s: _Rows, end=end):
+            return (s.step < end) & ~jnp.all(s.done) & (_live(s.done) > next_size)
+
+        def body(s: _Rows, window=window):
+            fed = s.out.tokens.reshape(B * N, T)[s.rows, s.step - 1]
+            logits, k, v = _decode_logits(params, config, row_prompt, s.own_k, s.own_v,
+                                          fed[:, None], s.step, window, dtype)  # fmt: skip
+            own_k, own_v = write_own(s.own_k, s.own_v, k, v, s.step, dtype)
+            u = None
+            if not greedy:
+                u = jax.random.uniform(jax.random.fold_in(key, s.step), (B * N,))[s.rows]
+            out, done = _record_rows(s.out, s.step, s.done, s.rows, *choose(logits, u),
+                                     stop_ids)  # fmt: skip
+            return _Rows(s.step + 1, done, own_k, own_v, out, s.rows)
+
+        s = jax.lax.while_loop(cond, body, s)
+    return s
+
+
+def _record_rows(out: Rollouts, step, done, rows, token, logprob, model_logprob, stop_ids):
+    """`_record` for a compacted batch: token, logprob, model_logprob [r] of the samples
+    `rows` [r] go to column `step` of the [B,N,T] buffers; returns (out, done [B,N])."""
+    B, N, T = out.tokens.shape
+    live = ~done.reshape(-1)[rows]
+
+    def put(buf, val):
+        flat = buf.reshape(B * N, T).at[rows, step].set(val.astype(buf.dtype), unique_indices=True)
+        return flat.reshape(B, N, T)
+
+    out = out._replace(
+        tokens=put(out.tokens, jnp.where(live, token, 0)),
+        logprobs=put(out.logprobs, jnp.where(live, logprob, 0.0)),
+        model_logprobs=put(out.model_logprobs, jnp.where(live, model_logprob, 0.0)),
+        mask=put(out.mask, live),
+    )
+    stopped = jnp.isin(token, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
+    done = done.reshape(-1).at[rows].set(~live | stopped, unique_indices=True)
+    return out, done.reshape(B, N)
 
 
 def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tokens: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           stop_ids: tuple[int, ...] = ()) -> Rollouts:  # fmt: skip
+           stop_ids: tuple[int, ...] = (), compact_floor: int = 0) -> Rollouts:  # fmt: skip
     """Draws n completions of each prompt, on device.
 
     Args:
@@ -382,6 +549,9 @@ def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tok
       temperature: 0 means greedy. top_k: keep the k most likely tokens (0: all).
       top_p: keep the smallest set of most likely tokens with mass >= top_p (1: all).
       stop_ids: a sample stops after emitting one of these (it is kept, mask True).
+      compact_floor: 0 runs every sample's row to the end of the decode; f >= 1 moves
+        the live samples into batches of half the rows as others stop, down to f rows
+        (`sample_params`): the same rollouts, less compute on stopped samples.
     Returns:
       Rollouts with [B,N,T] arrays and lengths [B,N].
     """
@@ -390,11 +560,14 @@ def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tok
     greedy = not isinstance(temperature, jax.core.Tracer) and float(temperature) == 0.0
     _validate(config, prompts, prompt_mask, n, max_new_tokens, temperature, top_k, top_p,
               stop_ids)  # fmt: skip
+    if not isinstance(compact_floor, int | np.integer) or compact_floor < 0:
+        raise ValueError(f"compact_floor must be an int >= 0 (0: off), got {compact_floor!r}")
     return sample_params(
         model.params(), jnp.asarray(prompts, jnp.int32), prompt_mask, key,
         jnp.asarray(1.0 if greedy else temperature, jnp.float32), config=config, n=n,
         max_new_tokens=max_new_tokens, top_k=top_k, top_p=float(top_p),
         stop_ids=tuple(int(i) for i in stop_ids), greedy=greedy, dtype=model.dtype,
+        compact_floor=compact_floor,
     )  # fmt: skip
 
 

@@ -141,6 +141,13 @@ def traced_mesh_axes() -> tuple[tuple[str, ...], int]:
     return tuple(mesh.axis_names), int(np.prod(list(mesh.shape.values())))
 
 
+def batch_shards(rules=RULES) -> int:
+    """How many parts the batch rule's mesh axes split a row axis into, under the mesh
+    traced under (`jax.sharding.use_abstract_mesh`); 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else _size(_axes_of(rules["batch"], mesh), mesh)
+
+
 def constrain(x, *spec):
     """x laid out as PartitionSpec(*spec) when traced under a mesh; x as is without one."""
     if jax.sharding.get_abstract_mesh().empty:

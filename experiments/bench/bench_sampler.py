@@ -18,6 +18,17 @@ float32, S = T = 64; matmul peak 117 GFLOP/s): 8 x 8 kjax 164 tok/s, transformer
 86; 64 x 1 kjax 120, transformers 95, Tunix 88. Compile: kjax 35-42 s, Tunix 55-61 s.
 --smoke (seconds; the default test tier runs it so the benchmark cannot rot): a 2-layer
 d=32 model, 2 x 2, S = 8, T = 4, transformers in this process, Tunix skipped unless given.
+
+  python -m experiments.bench.bench_sampler --compact_floor=4 [--stop_rate=0.02]
+      [--shapes=4x8 --new_tokens=128 --repeats=3]
+
+Compaction mode (issue 45): the static decode against the compacting one
+(`sample_params(compact_floor=...)`), timed alternately in one process, with stop ids
+so that lengths spread: the first round(stop_rate * V) token ids stop a sample, which on
+random weights (a near-uniform next-token distribution) ends a sample at each step with
+probability about stop_rate, a geometric length capped at T. Prints the lengths (mean,
+share at the cap), both decodes' padding fractions (decode row-steps on stopped samples
+over all, `sampling.decode_row_steps`), their times and whether the tokens agree.
 """
 
 from __future__ import annotations
@@ -80,6 +91,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="", help="also write the kjax figures as JSON here")
     p.add_argument("--tunix_python", default=os.environ.get("KJAX_TUNIX_PYTHON", ""),
                    help="a python with google-tunix: also time Tunix's Sampler")  # fmt: skip
+    p.add_argument(
+        "--compact_floor",
+        type=int,
+        default=0,
+        help="> 0: compaction mode, static vs compacting decode down to this many rows",
+    )
+    p.add_argument(
+        "--stop_rate",
+        type=float,
+        default=0.02,
+        help="compaction mode: share of the vocabulary that stops a sample",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny model and shapes: seconds")
     args = p.parse_args(argv)
     args.shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
@@ -184,6 +207,8 @@ def main(argv=None) -> int:
                   param_dtype=dtype, dtype=dtype)  # fmt: skip
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params()))
     rng = np.random.default_rng(0)
+    if args.compact_floor:
+        return compaction(args, model, c, peak)
 
     def run(prompts, N, T_):
         mask = np.ones(prompts.shape, bool)
@@ -260,6 +285,65 @@ def main(argv=None) -> int:
                        "bandwidth_gbs": bandwidth / 1e9, "peak_gflops_measured": peak / 1e9,
                        "rows": rows, "prefill_s": {str(n): t for n, t in prefill.items()}},
                       f, indent=2, default=float)  # fmt: skip
+    return 0
+
+
+def compaction(args, model, c: LlamaConfig, peak: float) -> int:
+    """Compaction mode: static vs compacting decode, alternating, best of args.repeats each."""
+    S, T = args.prompt_len, args.new_tokens
+    stops = tuple(range(max(1, round(args.stop_rate * c.vocab_size))))
+    rng = np.random.default_rng(0)
+    print(f"devices: {jax.devices()}; float32 matmul peak {peak / 1e9:.0f} GFLOP/s (measured "
+          f"now); {args.model if not args.smoke else 'smoke'} shape, random weights, S = {S}, "
+          f"T = {T}, temperature 1, stop ids 0..{len(stops) - 1} of {c.vocab_size}\n")  # fmt: skip
+    print(
+        "| B x N | mean length | at cap | padding static | padding compacting | "
+        "static s | compacting s | speedup | compile s static / compacting | same tokens |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for B, N in args.shapes:
+        prompts = rng.integers(0, c.vocab_size, (B, S)).astype(np.int32)
+        mask = np.ones(prompts.shape, bool)
+        sizes = sampling.compact_sizes(B * N, args.compact_floor)
+
+        def run(floor, prompts=prompts, mask=mask, N=N):
+            out = sampling.sample(model, prompts, mask, key=jax.random.key(0), n=N,
+                                  max_new_tokens=T, stop_ids=stops,
+                                  compact_floor=floor)  # fmt: skip
+            return jax.block_until_ready(out)
+
+        compile_s, times, outs = {}, {0: [], args.compact_floor: []}, {}
+        for floor in times:
+            start = time.perf_counter()
+            outs[floor] = run(floor)
+            compile_s[floor] = time.perf_counter() - start
+        for _ in range(args.repeats):  # alternating: both see the same load
+            for floor in times:
+                times[floor].append(best_time(lambda floor=floor: run(floor), 1))
+        lengths = np.asarray(outs[0].lengths)
+        live, run_static = sampling.decode_row_steps(lengths, (B * N,))
+        _, run_compact = sampling.decode_row_steps(lengths, sizes)
+        same = bool(np.array_equal(outs[0].tokens, outs[args.compact_floor].tokens))
+        static_s, compact_s = min(times[0]), min(times[args.compact_floor])
+        row = {"B": B, "N": N, "S": S, "T": T, "sizes": sizes,
+               "mean_length": float(lengths.mean()), "at_cap": float(np.mean(lengths == T)),
+               "padding_static": 1 - live / max(run_static, 1),
+               "padding_compacting": 1 - live / max(run_compact, 1),
+               "static_s": static_s, "compacting_s": compact_s,
+               "compile_static_s": compile_s[0],
+               "compile_compacting_s": compile_s[args.compact_floor],
+               "same_tokens": same}  # fmt: skip
+        rows.append(row)
+        print(f"| {B} x {N} | {row['mean_length']:.1f} | {100 * row['at_cap']:.0f}% | "
+              f"{100 * row['padding_static']:.0f}% | {100 * row['padding_compacting']:.0f}% | "
+              f"{static_s:.2f} | {compact_s:.2f} | {static_s / compact_s:.2f}x | "
+              f"{compile_s[0]:.0f} / {compile_s[args.compact_floor]:.0f} | {same} |")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": "smoke" if args.smoke else args.model, "mode": "compaction",
+                       "compact_floor": args.compact_floor, "stop_ids": len(stops),
+                       "peak_gflops_measured": peak / 1e9, "rows": rows}, f, indent=2)  # fmt: skip
     return 0
 
 

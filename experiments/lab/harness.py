@@ -208,6 +208,11 @@ def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
     return components, state.params
 
 
+# TrainConfig fields added after rows were fingerprinted, with the value that runs what
+# those rows ran: left out of the hash at that value, so finished rows stay reusable.
+_LATER_DEFAULTS = {"sampler_compact_floor": 0}  # the static sampler (kjax.sampling)
+
+
 def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
     """A short hash of a run's whole config (a dataclass), stored with its result. Given the
     table's workdir, the warm start's folder (sft.cache_dir) counts relative to it when
@@ -217,6 +222,9 @@ def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
     import hashlib
 
     fields = dataclasses.asdict(cfg)
+    for name, default in _LATER_DEFAULTS.items():  # at its default: the run rows hold
+        if fields.get(name, default) == default:
+            fields.pop(name, None)
     sft = fields.get("sft")
     if workdir is not None and isinstance(sft, dict) and sft.get("cache_dir"):
         folder = pathlib.Path(os.path.abspath(sft["cache_dir"]))

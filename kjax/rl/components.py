@@ -144,7 +144,8 @@ def step_and_sampler(
         with jax.sharding.use_abstract_mesh(on.abstract_mesh):
             return sample_params(params, prompts, prompt_mask, key, temperature, n=n,
                                  config=model_config, dtype=dtype, max_new_tokens=T,
-                                 stop_ids=stop_ids)  # fmt: skip
+                                 stop_ids=stop_ids,
+                                 compact_floor=cfg.sampler_compact_floor)  # fmt: skip
 
     return step_fn, sampler
 

@@ -298,6 +298,11 @@ class TrainConfig:
     samples: int = 8  # N per prompt
     max_new_tokens: int = 6  # T
     temperature: float = 1.0
+    # 0: the sampler decodes all B*N rows until the last sample stops. f >= 1: it moves
+    # the live samples into halved batches as others stop, down to f rows
+    # (kjax.sampling.compact_sizes): the same tokens; log-probs equal to float rounding
+    # only (XLA's dots round a row differently at another batch size), hence off by default.
+    sampler_compact_floor: int = 0
     dynamic_sampling: bool = False  # drop all-zero-advantage groups, refill from next prompts
     objective: ObjectiveConfig = ObjectiveConfig()
     k_schedule: KSchedule | None = None
@@ -322,6 +327,7 @@ class TrainConfig:
             "must be > 0",
             self.temperature,
         )
+        check_int(self.sampler_compact_floor, "config.sampler_compact_floor", 0)
         need(self.verifier_workers >= 0, "verifier_workers", "must be >= 0", self.verifier_workers)
         need(
             isinstance(self.task, TaskConfig),

@@ -123,6 +123,17 @@ def test_bench_sampler_smoke_times_kjax_and_transformers_and_skips_tunix(tmp_pat
     assert len(_table(text, "| B x N |")) == 1
 
 
+def test_bench_sampler_compaction_mode_smoke(tmp_path, capsys):
+    out = tmp_path / "compaction.json"
+    assert bench_sampler.main(["--smoke", "--compact_floor=1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert result["mode"] == "compaction" and row["sizes"] == [4, 2, 1]
+    assert row["same_tokens"] and _positive(row["static_s"]) and _positive(row["compacting_s"])
+    assert 0 <= row["padding_compacting"] <= row["padding_static"] < 1
+    assert len(_table(capsys.readouterr().out, "| B x N |")) == 1
+
+
 def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_path, capsys):
     out = tmp_path / "rl_step.json"
     assert bench_rl_step.main(["--smoke", "--out", str(out)]) == 0

@@ -624,3 +624,17 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
     assert folder(tiny_countdown.BASE) == "countdown_seed0"
     assert folder(tiny_countdown.EXACT_BASE) == "countdown_exact_seed0"
     assert folder(tiny_arith.BASE) == "arith_seed0"
+
+
+def test_fingerprint_leaves_out_a_later_field_at_its_default():
+    """Rows fingerprinted before TrainConfig.sampler_compact_floor existed stay reusable
+    (the hash of the config without it); turning it on changes the hash."""
+    import hashlib
+
+    cfg = TrainConfig()
+    fields = dataclasses.asdict(cfg)
+    del fields["sampler_compact_floor"]
+    before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
+    assert harness.fingerprint(cfg) == before[:16]
+    on = dataclasses.replace(cfg, sampler_compact_floor=4)
+    assert harness.fingerprint(on) != harness.fingerprint(cfg)
