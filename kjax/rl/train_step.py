@@ -331,6 +331,11 @@ def make_train_step(
     for u > 0; its gradient is the mean of loss_fn's over the minibatch's microbatches,
     and old / reference log-probs are computed once per step, before the first update.
     Metrics: scalar means over updates, plus `finite`.
+
+    With cfg.pack=GROUP the returned step is a kjax.rl.packing.PackedStep: the same call,
+    which reads the batch's mask to pick the packed rows R per group (a static argument
+    of the jitted step, one compilation per bucket) and runs every forward (update, old
+    and reference log-probs) on the packed completions: the same update to float rounding.
     """
     if cfg.lag_correction is LagCorrection.EXACT:
         pass  # reweight is None exactly for MEAN (kjax.rl.objective.offpolicy_reweighter)

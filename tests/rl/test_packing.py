@@ -235,5 +235,8 @@ def test_packed_ppo_step_equals_padded_step():
     (new, metrics), (old, metrics_ref) = out[PackMode.GROUP], out[PackMode.OFF]
     assert bool(metrics["finite"])
     np.testing.assert_allclose(metrics["loss"], metrics_ref["loss"], rtol=1e-5, atol=1e-7)
-    moved = jax.tree.map(lambda a, b: a - b, old.params, tiny_params())
-    _assert_trees_close(jax.tree.map(lambda a, b: a - b, new.params, tiny_params()), moved)
+    # Parameters of O(1) moved by O(1e-3): compared at float32's resolution of the values.
+    moved = jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), old.params, tiny_params())
+    assert max(jax.tree.leaves(moved)) > 1e-3
+    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(old.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
