@@ -44,7 +44,7 @@ import numpy as np
 
 from experiments.bench import pack_update, update_paths
 from experiments.configs import tiny_arith
-from experiments.lab.provenance import matmul_peak
+from experiments.lab.provenance import cpu_model, matmul_peak
 from kjax.rl import api
 from kjax.rl.config import ArithConfig, ModelConfig, Objective, ObjectiveConfig, SFTConfig
 
@@ -170,7 +170,8 @@ def main(argv=None) -> int:
         for s in args.pack
     ]
     if packs:
-        print(pack_update.table(packs) + "\n", flush=True)
+        print(pack_update.table(packs), flush=True)
+        print(f"CPU: {cpu_model()}; peak {peak[0]:.3f} TFLOP/s ({peak[1]})\n", flush=True)
     results = [bench(shape, args, peak) for shape in args.shapes]
     if results:
         print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | "
