@@ -23,8 +23,11 @@ temporaries 3,808 vs 1,241 MiB; before it (cb4ed09) 31.48 vs 13.80 s (2.28x), 7,
 3,215 MiB, tiny_arith 2.11x. The paths' matmul FLOPs differ by 2.51x (2,601 vs 1,037
 GFLOP), so on a compute-bound CPU that is the ceiling at this shape (both run at 68-70% MFU):
 the 3x goal needs fewer FLOPs than the shared path's, not a faster kernel.
+--pack (default tiny_arith,tiny_countdown; empty to skip) times the run's whole update
+padded vs packed (rl.pack OFF vs GROUP) on real rollout batches at --pack_T tokens,
+alternating, with each batch's padding fraction (experiments.bench.pack_update).
 --smoke (seconds; the default test tier runs it so the benchmark cannot rot): tiny_arith,
-one warm-up and one timed step, the tiny_arith paths once each.
+one warm-up and one timed step, the tiny_arith paths once each, one small packed batch.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import update_paths
+from experiments.bench import pack_update, update_paths
 from experiments.configs import tiny_arith
-from experiments.lab.provenance import matmul_peak
+from experiments.lab.provenance import cpu_model, matmul_peak
 from kjax.rl import api
 from kjax.rl.config import ArithConfig, ModelConfig, Objective, ObjectiveConfig, SFTConfig
 
@@ -60,14 +63,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--paths", default="tiny_arith,smollm2", help="update-path shapes ('' skips)")
     p.add_argument("--path_repeats", type=int, default=3, help="timed loss+grad calls (best)")
     p.add_argument("--path_dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--pack", default="tiny_arith,tiny_countdown", help="padded vs packed ('' skips)"
+    )
+    p.add_argument("--pack_T", type=int, default=128, help="completion cap of the --pack runs")
+    p.add_argument("--pack_batches", type=int, default=2, help="rollout batches per --pack shape")
     p.add_argument("--smoke", action="store_true", help="tiny_arith only, one step: seconds")
     args = p.parse_args(argv)
     if args.smoke:
         args.shapes, args.paths, args.steps, args.warmup, args.path_repeats = (
             "tiny_arith", "tiny_arith", 1, 1, 1
         )  # fmt: skip
+        args.pack, args.pack_T, args.pack_batches = "tiny_arith", 16, 1
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.paths = [s for s in args.paths.split(",") if s]
+    args.pack = [s for s in args.pack.split(",") if s]
     return args
 
 
@@ -155,6 +165,13 @@ def main(argv=None) -> int:
     paths = [update_paths.compare(s, args.path_repeats, dtype, peak[0]) for s in args.paths]
     if paths:
         print(update_paths.table(paths) + "\n", flush=True)
+    packs = [
+        pack_update.compare(s, args.pack_T, args.pack_batches, args.path_repeats, args.smoke)
+        for s in args.pack
+    ]
+    if packs:
+        print(pack_update.table(packs), flush=True)
+        print(f"CPU: {cpu_model()}; peak {peak[0]:.3f} TFLOP/s ({peak[1]})\n", flush=True)
     results = [bench(shape, args, peak) for shape in args.shapes]
     if results:
         print("| shape | params | B x N x (S+T) | sample s | verify s | advantages s | "
@@ -171,7 +188,7 @@ def main(argv=None) -> int:
         print(f"\npeak: {r['peak_tflops_per_s']:.2f} TFLOP/s ({r['peak_source']})")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"steps": results, "update_paths": paths}, f, indent=2)
+            json.dump({"steps": results, "update_paths": paths, "pack": packs}, f, indent=2)
     return 0
 
 

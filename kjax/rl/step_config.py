@@ -117,6 +117,19 @@ class LagCorrection(enum.Enum):
     EXACT = "exact"
 
 
+class PackMode(enum.Enum):
+    """How the update lays out completions (kjax.rl.packing). Both give the same loss and
+    gradients to float rounding.
+      OFF    every completion padded to T: the forward and backward run on all B x N x T.
+      GROUP  each group's completions packed end to end into R <= N rows of T (R from
+             {N/4, N/2, 3N/4, N}, chosen per step from the mask), the prompt still once per
+             group: no compute on padding beyond the last row's tail and the bucket.
+    """
+
+    OFF = "off"
+    GROUP = "group"
+
+
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """How one rollout batch becomes updates: epochs x minibatches optimizer updates,
@@ -139,6 +152,7 @@ class StepConfig:
     lag_correction: LagCorrection, how the update corrects that staleness (TIS reads
       tis_cap; EXACT needs PG, or PPO with ratio_level=SEQUENCE (decoupled), and none of
       tis_cap, offpolicy_clamp, SEQ_MEAN_TOKEN_MEAN).
+    pack: PackMode, whether the update runs on padded or packed completions.
     """
 
     loss: PolicyLoss = PolicyLoss.PG
@@ -157,6 +171,7 @@ class StepConfig:
     offpolicy_clamp: float | None = None
     policy_lag: int = 0
     lag_correction: LagCorrection = LagCorrection.NONE
+    pack: PackMode = PackMode.OFF
 
     def __post_init__(self):
         coerce_enums(self, "rl.")

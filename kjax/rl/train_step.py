@@ -23,8 +23,14 @@ from jax.sharding import PartitionSpec as P
 
 from kjax import sharding
 from kjax.models.config import LlamaConfig
-from kjax.rl import forward, losses
-from kjax.rl.step_config import LagCorrection, OffPolicyMaxAtK, PolicyLoss, StepConfig
+from kjax.rl import forward, losses, packing
+from kjax.rl.step_config import (
+    LagCorrection,
+    OffPolicyMaxAtK,
+    PackMode,
+    PolicyLoss,
+    StepConfig,
+)
 
 __all__ = [
     "PolicyLoss",
@@ -100,6 +106,7 @@ def loss_fn(
     reweight: Reweight | None = None,
     dtype=jnp.float32,
     temperature: float = 1.0,
+    pack_rows: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The loss of one (micro)batch, differentiated by every update of make_train_step.
 
@@ -142,16 +149,17 @@ def loss_fn(
       reweight: the off-policy max@k re-weighting (see make_train_step), or None.
       dtype: the model's compute dtype.
       temperature: static float > 0, the rollouts' sampling temperature.
+      pack_rows: static R: the forward runs on the completions packed into R rows per
+        group (kjax.rl.packing; the same loss to float rounding); None: padded.
 
     Returns:
       (loss [] float32, metrics: dict of [] float32, the losses' metrics plus "loss").
     """
-    stats = forward.completion_logprobs(
+    stats = _token_stats(
         params,
         model_config,
-        batch.prompts,
-        batch.prompt_mask,
-        batch.tokens,
+        batch,
+        pack_rows,
         dtype=dtype,
         with_entropy=cfg.entropy_coef > 0,
         temperature=float(temperature),
@@ -166,6 +174,24 @@ def loss_fn(
         first=first,
         reweight=reweight,
         entropy=stats.entropy,
+    )
+
+
+def _token_stats(params, model_config, batch: RLBatch, pack_rows: int | None, **kw):
+    """TokenStats [B,N,T] of batch.tokens: padded (pack_rows None) or packed in R rows."""
+    if pack_rows is None:
+        return forward.completion_logprobs(
+            params, model_config, batch.prompts, batch.prompt_mask, batch.tokens, **kw
+        )
+    return packing.packed_logprobs(
+        params,
+        model_config,
+        batch.prompts,
+        batch.prompt_mask,
+        batch.tokens,
+        batch.mask,
+        rows=pack_rows,
+        **kw,
     )
 
 
@@ -318,6 +344,11 @@ def make_train_step(
     for u > 0; its gradient is the mean of loss_fn's over the minibatch's microbatches,
     and old / reference log-probs are computed once per step, before the first update.
     Metrics: scalar means over updates, plus `finite`.
+
+    With cfg.pack=GROUP the returned step is a kjax.rl.packing.PackedStep: the same call,
+    which reads the batch's mask to pick the packed rows R per group (a static argument
+    of the jitted step, one compilation per bucket) and runs every forward (update, old
+    and reference log-probs) on the packed completions: the same update to float rounding.
     """
     if cfg.lag_correction is LagCorrection.EXACT:
         pass  # reweight is None exactly for MEAN (kjax.rl.objective.offpolicy_reweighter)
@@ -342,38 +373,32 @@ def make_train_step(
         temperature=temperature,
     )
 
-    def frozen_logprobs(params, batch):
+    def frozen_logprobs(params, batch, rows):
         """[B,N,T] log-probs under params held fixed, chunked like the updates."""
 
         def chunk_logprobs(b):
-            return forward.completion_logprobs(
-                params,
-                model_config,
-                b.prompts,
-                b.prompt_mask,
-                b.tokens,
-                dtype=dtype,
-                temperature=temperature,
+            return _token_stats(
+                params, model_config, b, rows, dtype=dtype, temperature=temperature
             ).logprobs
 
         out = jax.lax.map(chunk_logprobs, _split(batch, chunks, split_spec))
         return jax.lax.stop_gradient(_merge(out, batch_sh))
 
-    def step(state: TrainState, batch: RLBatch, ref_params, k):
+    def step(state: TrainState, batch: RLBatch, ref_params, k, rows: int | None = None):
         # Under the mesh, the forward pins its activations' B to the batch axes
         # (sharding.constrain_batch); a no-op on one device.
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return sharded_step(state, batch, ref_params, k)
+            return sharded_step(state, batch, ref_params, k, rows)
 
-    def sharded_step(state: TrainState, batch: RLBatch, ref_params, k):
+    def sharded_step(state: TrainState, batch: RLBatch, ref_params, k, rows):
         B = batch.prompts.shape[0]
         if B % chunks:
             raise ValueError(
                 f"B={B} prompts must divide into rl.minibatches * rl.microbatches = {chunks}."
             )
         zeros = jnp.zeros(batch.tokens.shape, jnp.float32)
-        old = frozen_logprobs(state.params, batch) if cfg.needs_old_logprobs else zeros
-        ref = frozen_logprobs(ref_params, batch) if cfg.kl_coef > 0 else zeros
+        old = frozen_logprobs(state.params, batch, rows) if cfg.needs_old_logprobs else zeros
+        ref = frozen_logprobs(ref_params, batch, rows) if cfg.kl_coef > 0 else zeros
         minis = _split((batch, old, ref), cfg.minibatches, split_spec)
 
         def update(carry, xs):
@@ -382,7 +407,15 @@ def make_train_step(
 
             def micro_loss(p, micro):
                 mb, old_lp, ref_lp = micro
-                return step_loss(p, mb, old_logprobs=old_lp, ref_logprobs=ref_lp, k=k, first=first)
+                return step_loss(
+                    p,
+                    mb,
+                    old_logprobs=old_lp,
+                    ref_logprobs=ref_lp,
+                    k=k,
+                    first=first,
+                    pack_rows=rows,
+                )
 
             grad_fn = jax.grad(micro_loss, has_aux=True)
             grads, metrics = _accumulated_grads(
@@ -409,12 +442,15 @@ def make_train_step(
 
     batch_shardings = RLBatch(*([batch_sh] * len(RLBatch._fields)))
     ref_sh = state_shardings.params if cfg.kl_coef > 0 else None
-    return jax.jit(
+    jitted = jax.jit(
         step,
         in_shardings=(state_shardings, batch_shardings, ref_sh, replicated),
         out_shardings=(state_shardings, replicated),
+        static_argnums=(4,),  # rows (pjit refuses keyword arguments)
         donate_argnums=(0,),
     )
+    # rl.pack=GROUP: R packed rows per group, sized per call from the batch's mask.
+    return packing.PackedStep(jitted) if cfg.pack is PackMode.GROUP else jitted
 
 
 def optimizer_shardings(optimizer: optax.GradientTransformation, params, mesh: Mesh):

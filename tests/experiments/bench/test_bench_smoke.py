@@ -147,8 +147,16 @@ def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_pat
     assert paths["loss_diff"] <= 1e-5 * max(1.0, abs(paths["reference"]["loss"]))
     assert paths["reference"]["flops"] > paths["shared"]["flops"]
     assert _positive(paths["speedup"])
+    (pack,) = result["pack"]
+    (b,) = pack["batches"]
+    # Padded and packed run the same update: the same loss and gradient norm.
+    assert 1 <= b["rows"] <= pack["N"] and 0 <= b["padding"] < 1
+    assert b["loss_diff"] <= 1e-5 * max(1.0, abs(b["loss"])) and abs(b["loss"]) > 0
+    assert b["grad_norm_diff"] <= 1e-4 * b["grad_norm"] and b["grad_norm"] > 0
+    assert _positive(b["padded_s"]) and _positive(b["packed_s"])
     text = capsys.readouterr().out
     assert len(_table(text, "| shape | params |")) == 1
+    assert len(_table(text, "| shape | B x N, S + T | batch |")) == 1
 
 
 def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys):
