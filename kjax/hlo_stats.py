@@ -121,10 +121,26 @@ def _parse_instr(line: str) -> _Instr | None:
     return _Instr(m.group(1), type_str, op_m.group(1), operands, args, rest[end:])
 
 
+_STARTS = re.compile(r"^\s*(?:ROOT )?%[\w.\-]+ = |^(?:ENTRY )?%[\w.\-]+ \(|^\}\s*$|^HloModule")
+
+
+def _lines(hlo_text: str) -> list[str]:
+    """The module's logical lines: an instruction whose attributes span several text
+    lines (a Pallas kernel's `kernel_metadata`, whose continuation may start with "}")
+    joined into one."""
+    out: list[str] = []
+    for line in hlo_text.splitlines():
+        if out and not _STARTS.match(line) and line.strip():
+            out[-1] += line
+        else:
+            out.append(line)
+    return out
+
+
 def _parse(hlo_text: str):
     """{computation: [instr]}, its ROOT names, the entry's name."""
     comps, roots, entry, current = {}, {}, None, None
-    for line in hlo_text.splitlines():
+    for line in _lines(hlo_text):
         header = _HEADER.match(line)
         if header:
             current = header.group(1)

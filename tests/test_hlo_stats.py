@@ -183,3 +183,37 @@ def test_collectives_are_counted_per_mesh_axis_over_its_links():
 )
 def test_replica_group_forms(attrs, groups):
     assert hlo_stats._replica_groups(attrs) == groups
+
+
+def test_splash_attention_kernels_costed_from_their_shapes_and_mask(one_chip):
+    """jax's Pallas splash attention (causal, H = 2 heads, L = 512, E = 128, 128-blocks)
+    and its gradient compiled for v6e: three kernels (fwd, dq, dkv), 0 FLOPs without a
+    cost, and with kjax.scale.splash_attention_cost at the mask's block density (10 of
+    the 4 x 4 blocks on or below the diagonal) (4 + 6 + 8) x H x L x L x E x 10/16."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as masks,
+    )
+
+    H, L, E, block = 2, 512, 128, 128
+    mask = masks.MultiHeadMask([masks.CausalMask((L, L)) for _ in range(H)])
+    sizes = {
+        f"block_{name}": block
+        for name in ("q", "kv", "kv_compute", "q_dkv", "kv_dkv", "kv_dkv_compute", "q_dq", "kv_dq")
+    }
+    kernel = splash.make_splash_mha(
+        mask, head_shards=1, q_seq_shards=1, block_sizes=splash.BlockSizes(**sizes)
+    )
+
+    def f(q, k, v):
+        return jax.grad(lambda *a: kernel(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    x = _abstract(one_chip, (H, L, E), jnp.bfloat16)
+    text = jax.jit(f).lower(x, x, x).compile().as_text()
+    assert len(_instrs(text, "custom-call", "tpu_custom_call")) == 3
+    assert hlo_stats.module_stats(text).uncosted_kernels == 3
+    stats = hlo_stats.module_stats(text, kernel_cost=scale.splash_attention_cost(10 / 16))
+    assert stats.uncosted_kernels == 0
+    assert stats.flops == pytest.approx((4 + 6 + 8) * H * L * L * E * 10 / 16)

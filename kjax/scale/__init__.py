@@ -43,6 +43,7 @@ from kjax.scale.costs import (
     memory_bound,
     overlap_projection,
     param_count,
+    splash_attention_cost,
     update_flops,
 )
 from kjax.scale.planner import (
@@ -80,6 +81,7 @@ __all__ = [
     "memory_bound",
     "overlap_projection",
     "param_count",
+    "splash_attention_cost",
     "update_flops",
     "Plan",
     "abstract_batch",
