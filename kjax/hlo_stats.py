@@ -473,9 +473,10 @@ def module_stats(hlo_text: str, per_trip: bool = True, *, group_key=None,
                 coll[kind][0] += m
                 coll[kind][1] += m * size
                 groups = _replica_groups(instr.attrs)
-                if groups:
+                wire = _wire_bytes(kind, size, groups) if groups else 0.0
+                if wire:  # not a group of one chip, nor a permute of each chip to itself
                     key = group_key(groups[0]) if group_key else f"{len(groups[0])} chips"
-                    ici[key] += m * _wire_bytes(kind, size, groups)
+                    ici[key] += m * wire
             if comp in fused or instr.op in _FREE or instr.op.endswith("-done"):
                 continue
             if instr.op == "custom-call" and _target(instr) == "tpu_custom_call":
