@@ -475,7 +475,8 @@ def module_stats(hlo_text: str, per_trip: bool = True, *, group_key=None,
                 groups = _replica_groups(instr.attrs)
                 wire = _wire_bytes(kind, size, groups) if groups else 0.0
                 if wire:  # not a group of one chip, nor a permute of each chip to itself
-                    key = group_key(groups[0]) if group_key else f"{len(groups[0])} chips"
+                    group = next((g for g in groups if len(set(g)) > 1), groups[0])
+                    key = group_key(group) if group_key else f"{len(group)} chips"
                     ici[key] += m * wire
             if comp in fused or instr.op in _FREE or instr.op.endswith("-done"):
                 continue
