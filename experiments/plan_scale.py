@@ -357,11 +357,16 @@ def calibration_report(r) -> str:
 def _calibrate(args, c, topologies, mesh, log) -> int:
     from kjax.scale import calibration
 
-    found = []
+    found, code = [], 0
     for topology in topologies:
         if not topology.startswith("v6e:"):
             log(f"{topology}: the measurement is of v6e; the ratio compares different chips")
-        r = calibration.calibrate(c, topology, mesh_sizes=mesh, log=log)
+        try:
+            r = calibration.calibrate(c, topology, mesh_sizes=mesh, log=log)
+        except ValueError as e:  # the compiler could not measure it past HBM
+            print(f"{topology}: the calibration step could not be compiled: {e}", flush=True)
+            code = 1
+            continue
         print(calibration_report(r), flush=True)
         found.append(r)
     if args.out:
@@ -394,7 +399,7 @@ def _calibrate(args, c, topologies, mesh, log) -> int:
         ]
         pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
     log("done")
-    return 0
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
