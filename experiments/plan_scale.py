@@ -3,6 +3,8 @@
   pip install -e '.[tpu]'    # libtpu: compiles for TPU topologies on a CPU-only machine
   python -m experiments.plan_scale --config=experiments/configs/llama31_8b_math.py:passk \\
       --model=llama-3.1-8b --topology=v5p:4x4x4 [--mesh=1,8,8] [--search=3] [--out=plan.json]
+  python -m experiments.plan_scale --config=experiments/configs/llama31_8b_math.py:passk \\
+      --model=llama-3.1-8b --topology=v6e:2x2 --calibrate   # against MaxText's measurement
 
 Builds kjax's own RL update (the trainer's jitted step: loss, optimizer, PPO epochs and
 microbatches as configured) and grouped sampler (prefill, decode steps with the KV cache)
@@ -13,8 +15,10 @@ analytic count, the collectives, and a roofline projection of the RL step.
 --model: llama-3.1-8b, llama-3.1-70b (their config.json, below), or an HF directory /
 config.json (no weights read); default: config.model.path's, or the TINY model.
 --mesh: data,fsdp,tensor (default: the preset's config.mesh); --search=N compiles up to N
-more meshes (data x fsdp x tensor, microbatches) and ranks all by projected step time.
-Every figure is compiled, not run.
+more meshes (data x fsdp x tensor, microbatches), those whose analytic memory bound fits
+the chip first, and ranks all by projected step time. --calibrate: kjax's plain
+pre-training step of the model (kjax.scale.calibration; default mesh: fsdp over every
+chip) instead of the RL step. Every figure is compiled, not run.
 """
 
 from __future__ import annotations
@@ -97,10 +101,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(cfg: TrainConfig, c, chips: int) -> list[tuple[tuple[int, int, int], int]]:
+def candidates(cfg: TrainConfig, c, chips: int,
+               hbm_bytes: int | None = None) -> list[tuple[tuple[int, int, int], int]]:  # fmt: skip
     """(data, fsdp, tensor), microbatches pairs that split B, tensor up to the kv heads,
     ordered by an analytic guess of what compiles to the fastest fitting step (fewest
-    microbatches, then tensor parallelism just enough): the compiler ranks them after."""
+    microbatches, then tensor parallelism just enough): the compiler ranks them after.
+    With `hbm_bytes`, the meshes whose analytic memory bound (kjax.scale.memory_bound)
+    fits it come first, the rest after by that bound, smallest first."""
+    from kjax.scale import Shape, memory_bound, param_dtype
+
     B, mini, out = cfg.batch_prompts, cfg.rl.minibatches, []
     for tensor in _divisors(chips):
         if tensor > c.num_kv_heads:
@@ -112,7 +121,15 @@ def candidates(cfg: TrainConfig, c, chips: int) -> list[tuple[tuple[int, int, in
                 continue
             for micro in _divisors(rows // (data * fsdp)):
                 out.append(((data, fsdp, tensor), micro))
-    return sorted(out, key=lambda m: (m[1] * m[0][2], -m[0][1], m[0][2]))
+    speed = lambda m: (m[1] * m[0][2], -m[0][1], m[0][2])  # noqa: E731
+    if hbm_bytes is None:
+        return sorted(out, key=speed)
+    import jax.numpy as jnp
+
+    shape, itemsize = Shape.of(cfg), jnp.dtype(param_dtype(cfg)).itemsize
+    bound = {m: memory_bound(c, shape, m[0], m[1], mini, itemsize) for m in out}
+    return sorted(out, key=lambda m: (bound[m] > hbm_bytes, bound[m] if bound[m] > hbm_bytes else 0,
+                                      *speed(m)))  # fmt: skip
 
 
 def smallest_topology(chip: str, state_bytes: int) -> str | None:
@@ -165,17 +182,38 @@ def report(p) -> str:
             f"  {part.name:<18}{part.flops:12.3e} {per_chip(model):11.3e}"
             f" {part.flops / per_chip(model):7.3f}"
         )
-    lines.append("  collectives per update step (count, GiB per chip; loops counted per trip)")
+    lines.append("  collectives per update step (count, GiB of results per chip; per loop trip)")
     lines += [
         f"    {kind:<20} {n:8d} {b / GiB:10.2f}" for kind, (n, b) in u.collectives.items() if n
     ]
+    lines.append("  interconnect per update step (GiB each chip sends, by mesh axis; its links)")
+    for axis, (sent, dims) in sorted(u.ici.items()):
+        egress = chip.egress(dims)
+        rate = f"{egress / 1e9:.0f} GB/s out" if egress else "no ICI figure"
+        lines.append(f"    {axis:<20} {sent / GiB:10.2f}   {dims} torus dim(s), {rate}")
+    if u.uncosted_kernels:
+        lines.append(f"  {u.uncosted_kernels} Pallas kernel calls counted at 0 FLOPs (no cost)")
+    ici = (
+        f"{chip.ici_bandwidth / 1e9:.0f} GB/s ICI bidirectional"
+        if chip.ici_bandwidth
+        else "no ICI figure"
+    )
     lines += [
-        f"  projection (roofline: max(FLOPs / {chip.bf16_flops / 1e12:.0f} TFLOP/s, bytes / "
-        f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM); {chip.source}; collectives not counted)",
-        f"    update {p.update_seconds:.2f} s, sampler {p.sampler_seconds:.2f} s (prefill + "
-        f"{p.shape.T} tokens), RL step {p.step_seconds:.2f} s",
+        f"  projection per chip (roofline, uncalibrated: {chip.bf16_flops / 1e12:.0f} TFLOP/s, "
+        f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM, {ici}; {chip.source})",
+        "                    compute s    HBM s    ICI s   overlapped (max)   no overlap (sum)",
+    ]
+    for x in {id(x): x for x in (u, p.prefill, d1, d2)}.values():
+        lines.append(
+            f"    {x.name:<15}{x.compute_seconds(chip):10.2f}{x.hbm_seconds(chip):9.2f}"
+            f"{x.ici_seconds(chip):9.2f}{x.seconds_on(chip):19.2f}{x.serial_seconds_on(chip):19.2f}"
+        )
+    lines += [
+        f"    sampler (prefill + {p.shape.T} decode steps) {p.sampler_seconds:.2f} s overlapped; "
+        f"RL step {p.step_seconds:.2f} s overlapped, {p.serial_step_seconds:.2f} s with no "
+        "overlap",
         f"    {p.tokens_per_s_per_chip:,.0f} tokens/s/chip (B*N*(S+T) per step), update MFU "
-        f"{p.update_mfu:.1%}",
+        f"{p.update_mfu:.1%} overlapped ({p.update_serial_mfu:.1%} with no overlap)",
         f"  compile: update {u.seconds:.0f} s, sampler "
         f"{sum({id(x): x.seconds for x in (p.prefill, d1, d2, p.sampler) if x}.values()):.0f} s",
     ]
@@ -208,27 +246,53 @@ def _summary(p, config: str, model: str) -> dict:
         "step_seconds": p.step_seconds,
         "tokens_per_s_per_chip": p.tokens_per_s_per_chip,
         "update_mfu": p.update_mfu,
+        "update_compute_seconds": p.update.compute_seconds(p.chip),
+        "update_hbm_seconds": p.update.hbm_seconds(p.chip),
+        "update_ici_seconds": p.update.ici_seconds(p.chip),
+        "update_serial_seconds": p.update_serial_seconds,
+        "serial_step_seconds": p.serial_step_seconds,
+        "update_serial_mfu": p.update_serial_mfu,
         "chip": dataclasses.asdict(p.chip),
+        "count": COUNT,
+        "calibration": CALIBRATION,
         "label": "compiled, not run",
     }
 
 
+# What a summary's figures are: the count that read the HLO, and how they were calibrated.
+COUNT = "HBM as moved + ICI"
+OLD_COUNT = "old: every array touched, no ICI"
+CALIBRATION = "none (roofline)"
+
+
 TABLE_HEADER = (
     "| model | preset | slice | mesh (data, fsdp, tensor) x microbatches | peak GiB/chip "
-    "| fits | update FLOPs / analytic | RL step s | tokens/s/chip | update MFU |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    "| fits | update FLOPs / analytic | RL step s | tokens/s/chip | update MFU "
+    "| update compute / HBM / ICI s | MFU, no overlap | count; calibration |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def table_row(s: dict) -> str:
-    """One docs/scale.md row of a --out summary (every figure compiled, not run)."""
+    """One docs/scale.md row of a --out summary (every figure compiled, not run). A
+    summary written before the ICI term reads "-" there and says its count."""
     preset = s["config"].rpartition(":")[2]
     mesh = "x".join(str(x) for x in s["mesh"])
+    if "update_ici_seconds" in s:
+        terms = (
+            f"{s['update_compute_seconds']:.1f} / {s['update_hbm_seconds']:.1f} / "
+            f"{s['update_ici_seconds']:.1f}"
+        )
+        serial = f"{s['update_serial_mfu']:.1%}"
+    else:
+        terms, serial = "-", "-"
+    how = f"{s.get('count', OLD_COUNT)}; {s.get('calibration', CALIBRATION)}"
     return (
         f"| {s['model']} | {preset} | {s['topology']} | {mesh} x {s['microbatches']} "
         f"| {s['peak_bytes'] / GiB:.1f} of {s['hbm_bytes'] / GiB:.0f} | "
         f"{'yes' if s['fits'] else 'no'} | {s['update_flops_ratio']:.2f} | "
-        f"{s['step_seconds']:.1f} | {s['tokens_per_s_per_chip']:,.0f} | {s['update_mfu']:.1%} |"
+        f"{s['step_seconds']:.1f} | {s['tokens_per_s_per_chip']:,.0f} | {s['update_mfu']:.1%} "
+        f"| {terms} | {serial} | {how} |"
     )
 
 
@@ -245,6 +309,12 @@ def parse(argv: list[str]):
         action="store_true",
         help="skip compiling the whole sampler (its peak from its parts)",
     )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="compile kjax's pre-training step in MaxText's Llama-3.1-8B v6e configuration "
+        "for --topology instead, and set its projection beside MaxText's measurement",
+    )
     parser.add_argument("--out", default="", help="JSON of every plan")
     args, rest = parser.parse_known_args(argv)
     items = {}
@@ -254,6 +324,82 @@ def parse(argv: list[str]):
         path, _, value = item[len("--config.") :].partition("=")
         items[path] = value
     return args, override(load_config(args.config), items)
+
+
+def calibration_report(r) -> str:
+    """The calibration step's projection beside the measurement (kjax.scale.Calibration)."""
+    chip, st, m = r.chip, r.step, r.measured
+    return "\n".join(
+        [
+            f"{r.topology}: {r.chips} x {chip.name}, mesh {'x'.join(map(str, r.mesh))}: kjax's "
+            f"pre-training step, per-device batch {r.per_device_batch} x sequence {r.seq}, "
+            f"remat {r.remat}  [compiled, not run]",
+            f"  step peak {st.peak_bytes / GiB:.1f} GiB of {chip.hbm_bytes / GiB:.0f}"
+            + (f"; compiler: {st.overflow}" if st.overflow else ""),
+            f"  FLOPs per chip {st.flops:.3e} compiled, "
+            f"{r.flops_per_token * r.tokens_per_step_per_chip:.3e} in MaxText's count "
+            f"({st.flops / (r.flops_per_token * r.tokens_per_step_per_chip):.2f}x)",
+            f"  compute {st.compute_seconds(chip):.3f} s, HBM {st.hbm_seconds(chip):.3f} s "
+            f"({st.bytes_accessed / 1e9:.1f} GB), ICI {st.ici_seconds(chip):.3f} s ("
+            + ", ".join(f"{a} {b / 1e9:.1f} GB" for a, (b, _) in sorted(st.ici.items()))
+            + ")",
+            f"  projected {r.tokens_per_s_per_chip():,.0f} tokens/s/chip, MFU {r.mfu():.1%} "
+            f"overlapped; {r.tokens_per_s_per_chip(True):,.0f}, {r.mfu(True):.1%} with no overlap",
+            f"  measured  {m.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {m.mfu:.2%} "
+            f"({m.source})",
+            f"  projected / measured: {r.ratio():.2f} overlapped, {r.ratio(True):.2f} with no "
+            "overlap",
+            f"  compile: {st.seconds:.0f} s",
+        ]
+    )
+
+
+def _calibrate(args, c, topologies, mesh, log) -> int:
+    from kjax.scale import calibration
+
+    found, code = [], 0
+    for topology in topologies:
+        if not topology.startswith("v6e:"):
+            log(f"{topology}: the measurement is of v6e; the ratio compares different chips")
+        try:
+            r = calibration.calibrate(c, topology, mesh_sizes=mesh, log=log)
+        except ValueError as e:  # the compiler could not measure it past HBM
+            print(f"{topology}: the calibration step could not be compiled: {e}", flush=True)
+            code = 1
+            continue
+        print(calibration_report(r), flush=True)
+        found.append(r)
+    if args.out:
+        rows = [
+            {
+                "model": args.model,
+                "topology": r.topology,
+                "chips": r.chips,
+                "mesh": r.mesh,
+                "per_device_batch": r.per_device_batch,
+                "seq": r.seq,
+                "remat": r.remat,
+                "step": dataclasses.asdict(r.step),
+                "flops_per_token": r.flops_per_token,
+                "compute_seconds": r.step.compute_seconds(r.chip),
+                "hbm_seconds": r.step.hbm_seconds(r.chip),
+                "ici_seconds": r.step.ici_seconds(r.chip),
+                "tokens_per_s_per_chip": r.tokens_per_s_per_chip(),
+                "serial_tokens_per_s_per_chip": r.tokens_per_s_per_chip(True),
+                "mfu": r.mfu(),
+                "serial_mfu": r.mfu(True),
+                "ratio": r.ratio(),
+                "serial_ratio": r.ratio(True),
+                "measured": dataclasses.asdict(r.measured),
+                "chip": dataclasses.asdict(r.chip),
+                "count": COUNT,
+                "label": "compiled, not run",
+            }
+            for r in found
+        ]
+        pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))
+    log("done")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,12 +431,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log(f"{c.num_layers} layers, d={c.hidden_size}, vocab {c.vocab_size}; "
         f"{scale.matmul_params(c) / 1e9:.2f}B matmul params")  # fmt: skip
+    if args.calibrate:
+        return _calibrate(args, c, topologies, mesh, log)
     plans, code = [], 0
     for topology in topologies:
         chips = scale.topology_chips(topology)
         micro = args.microbatches or cfg.rl.microbatches
         first = (cfg.mesh.resolve(chips) if mesh is None else mesh), micro
-        tried = [first] + [m for m in candidates(cfg, c, chips) if m != first][: args.search]
+        ordered = candidates(cfg, c, chips, scale.chip_of(topology).hbm_bytes)
+        tried = [first] + [m for m in ordered if m != first][: args.search]
         found = []
         for sizes, m in tried:
             try:

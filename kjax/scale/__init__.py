@@ -9,8 +9,11 @@ needs libtpu, `.[tpu]`), compiles them and reads what one chip holds and compute
 the compiler itself (memory_analysis, cost_analysis, the collectives of the HLO).
 Nothing is allocated.
 
-Every figure is *compiled, not run*: times are a roofline projection,
-max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per chip, from the CHIPS specs.
+Every figure is *compiled, not run*: times are a roofline projection per chip from the
+CHIPS specs, compute (FLOPs / peak FLOP/s), HBM (bytes / HBM bandwidth) and ICI (bytes
+sent per mesh axis / the links it spans) side by side, the step at their max (perfect
+overlap) and at their sum (none); uncalibrated (`calibration` compiles a step that a
+published measurement can be set beside).
 
 Layers: `chips` (specs, topology devices) <- `compiled` (what the compiler reports) and
 `costs` (analytic counts) <- `planner` (the programs, compiled; Plan).
@@ -25,14 +28,22 @@ from kjax.scale.chips import (
     topology_chips,
     topology_devices,
 )
-from kjax.scale.compiled import UNBOUNDED_HBM_MIB, Compiled, compile_one, largest_buffers
+from kjax.scale.compiled import (
+    UNBOUNDED_HBM_MIB,
+    Compiled,
+    compile_one,
+    largest_buffers,
+    mesh_group_key,
+)
 from kjax.scale.costs import (
     Shape,
     decode_flops,
     forward_flops,
     matmul_params,
+    memory_bound,
     overlap_projection,
     param_count,
+    splash_attention_cost,
     update_flops,
 )
 from kjax.scale.planner import (
@@ -62,12 +73,15 @@ __all__ = [
     "Compiled",
     "compile_one",
     "largest_buffers",
+    "mesh_group_key",
     "Shape",
     "decode_flops",
     "forward_flops",
     "matmul_params",
+    "memory_bound",
     "overlap_projection",
     "param_count",
+    "splash_attention_cost",
     "update_flops",
     "Plan",
     "abstract_batch",

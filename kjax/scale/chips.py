@@ -13,22 +13,38 @@ GiB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One TPU chip's public specs (per chip, dense bf16)."""
+    """One chip's public specs (per chip, dense bf16). `ici_bandwidth`: bidirectional
+    inter-chip interconnect bandwidth per chip (in + out, all links), spread over
+    `ici_dims` torus dimensions (a GPU's NVLink: one switch, 1); None where the source
+    gives no per-chip figure (then no interconnect time is projected)."""
 
     name: str
     hbm_bytes: int
     bf16_flops: float  # peak FLOP/s
     hbm_bandwidth: float  # bytes/s
     source: str
+    ici_bandwidth: float | None = None  # bytes/s, bidirectional, per chip
+    ici_dims: int = 1
+
+    def egress(self, dims: int) -> float | None:
+        """Bytes/s one chip can send over the links of `dims` of its torus dimensions:
+        half the bidirectional figure (out, not in), its share of the dimensions."""
+        if self.ici_bandwidth is None:
+            return None
+        return self.ici_bandwidth / 2 * min(dims, self.ici_dims) / self.ici_dims
 
 
 CHIPS = {
-    "v4": Chip("TPU v4", 32 * GiB, 275e12, 1228e9, "cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5e", 16 * GiB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5p", 95 * GiB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6e", 32 * GiB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e"),
+    # v4's page gives no per-chip ICI figure (only per-Pod all-reduce and bisection).
+    "v4": Chip("TPU v4", 32 * GiB, 275e12, 1228e9, "cloud.google.com/tpu/docs/v4", None, 3),
+    "v5e": Chip("TPU v5e", 16 * GiB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e", 400e9, 2),
+    "v5p": Chip("TPU v5p", 95 * GiB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p", 1200e9, 3),
+    "v6e": Chip("TPU v6e", 32 * GiB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e", 800e9, 2),
     # GPUs compile through the CUDA plugin (jax-cuda12-plugin) from _H100_TARGET, no GPU.
-    "h100": Chip("NVIDIA H100 SXM", 84929347584, 989e12, 3350e9, "nvidia.com H100 datasheet"),
+    # NVLink 4: 900 GB/s per GPU (datasheet), every GPU of a host on one NVSwitch.
+    "h100": Chip(
+        "NVIDIA H100 SXM", 84929347584, 989e12, 3350e9, "nvidia.com H100 datasheet", 900e9, 1
+    ),
 }
 # XLA's GpuTargetConfigProto of an H100 SXM (xla/tools/hlo_opt/gpu_specs, as in
 # github.com/jax-ml/jax/issues/28376), for compiling without one.

@@ -1,5 +1,6 @@
 """One program compiled for a topology: what the compiler reports per chip (memory_analysis,
-the HLO's FLOPs, bytes and collectives per loop trip), and its largest arrays."""
+the HLO's FLOPs, HBM bytes and collectives per loop trip, the interconnect bytes per mesh
+axis), its largest arrays, and its roofline: compute, HBM and ICI time side by side."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import time
 
 import jax
+import numpy as np
 
 from kjax import hlo_stats
 from kjax.scale.chips import Chip
@@ -33,6 +35,10 @@ class Compiled:
     collectives: dict[str, tuple[int, int]]
     unbounded_loops: int
     overflow: str | None = None  # the compiler's out-of-memory message, if it gave one
+    # {mesh axes of a replica group ("fsdp", "fsdp+tensor"): (bytes each chip sends over
+    # the interconnect, torus dimensions those groups span)}, loops counted per trip
+    ici: dict[str, tuple[float, int]] = dataclasses.field(default_factory=dict)
+    uncosted_kernels: int = 0  # Pallas kernel calls counted at 0 FLOPs (no cost known)
 
     @property
     def peak_bytes(self) -> int:
@@ -45,9 +51,52 @@ class Compiled:
             + self.code_bytes
         )
 
+    def compute_seconds(self, chip: Chip) -> float:
+        return self.flops / chip.bf16_flops
+
+    def hbm_seconds(self, chip: Chip) -> float:
+        return self.bytes_accessed / chip.hbm_bandwidth
+
+    def ici_seconds(self, chip: Chip) -> float:
+        """Each mesh axis's bytes over what one chip can send on the links its groups
+        span (Chip.egress); the axes one after another. 0 for a chip with no ICI figure."""
+        total = 0.0
+        for sent, dims in self.ici.values():
+            egress = chip.egress(dims)
+            total += sent / egress if egress else 0.0
+        return total
+
     def seconds_on(self, chip: Chip) -> float:
-        """Roofline time: max(FLOPs / peak FLOP/s, bytes accessed / HBM bandwidth)."""
-        return max(self.flops / chip.bf16_flops, self.bytes_accessed / chip.hbm_bandwidth)
+        """Roofline time, perfect overlap: max(compute, HBM, ICI)."""
+        return max(self.compute_seconds(chip), self.hbm_seconds(chip), self.ici_seconds(chip))
+
+    def serial_seconds_on(self, chip: Chip) -> float:
+        """No overlap: compute + HBM + ICI."""
+        return self.compute_seconds(chip) + self.hbm_seconds(chip) + self.ici_seconds(chip)
+
+
+def mesh_group_key(mesh):
+    """(key, dims): key(group of partition ids) -> the mesh axes the group spans ("fsdp",
+    "fsdp+tensor"), recording in dims[label] the fewest physical torus dimensions
+    (device.coords) any such group spans (1 where devices have no coordinates)."""
+    shape, names = mesh.devices.shape, mesh.axis_names
+    flat = list(mesh.devices.flat)
+    dims: dict[str, int] = {}
+
+    def key(group: tuple[int, ...]) -> str:
+        if max(group) >= len(flat):
+            return f"{len(group)} chips"
+        at = np.array([np.unravel_index(i, shape) for i in group])
+        label = "+".join(n for k, n in enumerate(names) if len(set(at[:, k])) > 1) or "self"
+        coords = [getattr(flat[i], "coords", None) for i in group]
+        spanned = 1
+        if all(c is not None for c in coords):
+            varying = [len({tuple(c)[d] for c in coords}) > 1 for d in range(len(coords[0]))]
+            spanned = max(1, sum(varying))
+        dims[label] = min(dims.get(label, spanned), spanned)
+        return label
+
+    return key, dims
 
 
 def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str, str]]:
@@ -79,8 +128,10 @@ def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str, str]]:
     return [(size, key, where) for key, (size, where) in top]
 
 
-def compile_one(name: str, fn, *args) -> Compiled:
+def compile_one(name: str, fn, *args, mesh=None, kernel_cost=None) -> Compiled:
     """Lowers and compiles jitted `fn` for abstract `args`; reads the compiler's analyses.
+    `mesh` names the interconnect buckets by mesh axis (else by group size);
+    `kernel_cost` costs Pallas kernels (hlo_stats.module_stats).
 
     A program that does not fit the chip's HBM is compiled again against a pretend HBM of
     UNBOUNDED_HBM_MIB, so that its memory_analysis says by how much (`overflow`)."""
@@ -108,7 +159,8 @@ def compile_one(name: str, fn, *args) -> Compiled:
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None on a GPU target
     mem = compiled.memory_analysis()
-    stats = hlo_stats.module_stats(compiled.as_text())
+    key, dims = mesh_group_key(mesh) if mesh is not None else (None, {})
+    stats = hlo_stats.module_stats(compiled.as_text(), group_key=key, kernel_cost=kernel_cost)
     return Compiled(
         name=name,
         seconds=seconds,
@@ -123,4 +175,6 @@ def compile_one(name: str, fn, *args) -> Compiled:
         collectives=stats.collectives,
         unbounded_loops=stats.unbounded_loops,
         overflow=overflow,
+        ici={label: (sent, dims.get(label, 1)) for label, sent in stats.ici.items()},
+        uncosted_kernels=stats.uncosted_kernels,
     )

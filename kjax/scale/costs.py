@@ -93,3 +93,59 @@ def overlap_projection(sampler_s: float, update_s: float, host_s: float = 0.0) -
         if t < best:
             best, best_f = t, f
     return {"sync": sync, "one_group": one_group, "split": best, "split_fraction": best_f}
+
+
+def memory_bound(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, minibatches: int,
+                 itemsize: int, remat: bool = False) -> float:  # fmt: skip
+    """An analytic estimate of the update's bytes per chip on mesh (data, fsdp, tensor):
+    params, gradients and Adam's two moments in the params' dtype, split over fsdp x
+    tensor, plus the layer residuals the backward keeps for one microbatch (q, k, v, the
+    attention output, the residual after attention, the MLP's gate and up per token and
+    layer: kjax.models.llama.SAVED_RESIDUALS without the probabilities, which long
+    sequences recompute; the layer input alone under remat), heads and MLP over tensor.
+    For ordering meshes before compiling them: the compiler's peak is the measurement."""
+    data, fsdp, tensor = mesh_sizes
+    state = 4 * param_count(c) * itemsize / (fsdp * tensor)
+    groups = shape.B / (minibatches * microbatches * data * fsdp)
+    tokens = groups * (shape.S + shape.N * shape.T)
+    H, K, E, D, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
+    per_token = D if remat else (2 * H * E + 2 * K * E + 2 * F) / tensor + D
+    return state + tokens * c.num_layers * per_token * itemsize
+
+
+_SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8}  # per query element x key, see below
+
+
+def splash_attention_cost(density: float = 1.0):
+    """A `kernel_cost` hook (kjax.hlo_stats.module_stats) for jax's Pallas splash
+    attention kernels (`splash_{mha,mqa}_{fwd,dq,dkv}...`), None for any other kernel.
+
+    FLOPs from the shapes of q [..., Lq, E] and k [..., Lk, E] (their first two float
+    operands) times `density`, the share of the Lq x Lk score blocks the mask leaves to
+    compute: per head and score entry, the forward 2 E for the scores and 2 E for
+    probabilities x values (4), dq 6 (scores again, dP = dO V^T, dQ = dS K), dkv 8
+    (scores, dP, dV = P^T dO, dK = dS^T Q), and 10 when dkv also returns dq (the fused
+    backward). Bytes: operands and results once, a lower bound (the kernel reads K and V
+    once per query block)."""
+    from kjax import hlo_stats
+
+    def cost(kernel):
+        parts = kernel.name.split("_")
+        if len(parts) < 3 or parts[0] != "splash" or parts[2] not in _SPLASH_FLOPS:
+            return None
+        floats = [
+            dims
+            for t in kernel.operands
+            for dtype, dims in hlo_stats._arrays(t)
+            if dtype in ("bf16", "f16", "f32") and len(dims) >= 2
+        ]
+        q, k = floats[0], floats[1]
+        per_entry = _SPLASH_FLOPS[parts[2]]
+        grads = [d for dtype, d in hlo_stats._arrays(kernel.result) if d == q]
+        if parts[2] == "dkv" and len(grads) >= 3:
+            per_entry = 10  # dq, dk and dv from one kernel
+        flops = per_entry * math.prod(q) * k[-2] * density
+        moved = hlo_stats._hbm(kernel.result) + sum(hlo_stats._hbm(t) for t in kernel.operands)
+        return hlo_stats.KernelCost(float(flops), float(moved))
+
+    return cost

@@ -114,7 +114,8 @@ def compile_update(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: S
     step_fn, _ = step_and_sampler(cfg, c, mesh, state, _Stops(c.eos_ids))
     batch = abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
     ref = state.params if cfg.rl.kl_coef > 0 else None
-    return compile_one("update", step_fn, state, batch, ref, np.int32(cfg.objective.k))
+    k = np.int32(cfg.objective.k)
+    return compile_one("update", step_fn, state, batch, ref, k, mesh=mesh)
 
 
 def compile_prefill(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: Shape):
@@ -128,7 +129,8 @@ def compile_prefill(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape:
             return sampling.prefill(params, c, prompts, mask, dtype)
 
     prompts = _abstract((shape.B, shape.S), jnp.int32, sh)
-    return compile_one("prefill", fn, params, prompts, _abstract((shape.B, shape.S), bool, sh))
+    mask = _abstract((shape.B, shape.S), bool, sh)
+    return compile_one("prefill", fn, params, prompts, mask, mesh=mesh)
 
 
 def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: Shape,
@@ -172,7 +174,7 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
     rows = NamedSharding(mesh, P(sharding.RULES["batch"]))
     out = (own.sharding, own.sharding, (rows, rows, rows))
     fn = jax.jit(body, donate_argnums=(2, 3), out_shardings=out)
-    return compile_one(f"decode@{window}", fn, *args)
+    return compile_one(f"decode@{window}", fn, *args, mesh=mesh)
 
 
 def compile_sampler(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape):
@@ -189,7 +191,8 @@ def compile_sampler(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: 
         _abstract(key.shape, key.dtype, replicated),
         _abstract((), jnp.float32, replicated),
     )
-    return compile_one("sampler", jax.jit(functools.partial(sampler, n=shape.N)), *args)
+    fn = jax.jit(functools.partial(sampler, n=shape.N))
+    return compile_one("sampler", fn, *args, mesh=mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,29 +246,52 @@ class Plan:
 
     @property
     def update_seconds(self) -> float:
+        """Projected update time, perfect overlap: max(compute, HBM, ICI)."""
         return self.update.seconds_on(self.chip)
 
-    def _decode_step(self, window: int) -> float:
+    @property
+    def update_serial_seconds(self) -> float:
+        """Projected update time, no overlap: compute + HBM + ICI."""
+        return self.update.serial_seconds_on(self.chip)
+
+    def _decode_step(self, window: int, serial: bool = False) -> float:
         (a, b), (w1, w2) = self.decode, (self.windows[0][0], self.windows[-1][0])
         f = 0.0 if w2 == w1 else (window - w1) / (w2 - w1)
-        flops = a.flops + f * (b.flops - a.flops)
-        traffic = a.bytes_accessed + f * (b.bytes_accessed - a.bytes_accessed)
-        return max(flops / self.chip.bf16_flops, traffic / self.chip.hbm_bandwidth)
+        terms = [
+            x(self.chip) + f * (y(self.chip) - x(self.chip))
+            for x, y in (
+                (a.compute_seconds, b.compute_seconds),
+                (a.hbm_seconds, b.hbm_seconds),
+                (a.ici_seconds, b.ici_seconds),
+            )
+        ]
+        return sum(terms) if serial else max(terms)
 
-    @property
-    def sampler_seconds(self) -> float:
-        """Prefill + every decode step of a sample that runs all T tokens, each step's cost
-        interpolated (linear in the window) between the two compiled decode steps."""
-        total, start = self.prefill.seconds_on(self.chip), 1
+    def _sampler(self, serial: bool) -> float:
+        prefill = self.prefill.serial_seconds_on if serial else self.prefill.seconds_on
+        total, start = prefill(self.chip), 1
         for window, end in self.windows:
-            total += (end - start) * self._decode_step(window)
+            total += (end - start) * self._decode_step(window, serial)
             start = end
         return total
 
     @property
+    def sampler_seconds(self) -> float:
+        """Prefill + every decode step of a sample that runs all T tokens, each step's cost
+        interpolated (linear in the window) between the two compiled decode steps; each
+        program at max(compute, HBM, ICI)."""
+        return self._sampler(serial=False)
+
+    @property
     def step_seconds(self) -> float:
-        """Projected RL step: sampler + update (verification and host work not counted)."""
+        """Projected RL step: sampler + update (verification and host work not counted),
+        each at perfect overlap."""
         return self.sampler_seconds + self.update_seconds
+
+    @property
+    def serial_step_seconds(self) -> float:
+        """The RL step with no overlap inside any program (compute + HBM + ICI)."""
+        return self._sampler(serial=True) + self.update_serial_seconds
 
     @property
     def tokens_per_s_per_chip(self) -> float:
@@ -280,8 +306,14 @@ class Plan:
 
     @property
     def update_mfu(self) -> float:
-        """Analytic model FLOPs / (projected update time x peak FLOP/s x chips)."""
+        """Analytic model FLOPs / (projected update time x peak FLOP/s x chips), overlapped."""
         return self.update_model_flops / (self.update_seconds * self.chip.bf16_flops * self.chips)
+
+    @property
+    def update_serial_mfu(self) -> float:
+        """update_mfu at the no-overlap time."""
+        peak = self.chip.bf16_flops * self.chips
+        return self.update_model_flops / (self.update_serial_seconds * peak)
 
 
 def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatches: int,

@@ -1,0 +1,164 @@
+"""A calibration of the planner's projection against a measured figure: kjax's own
+Llama-3.1-8B in MaxText's published pre-training configuration, compiled for a small v6e
+slice with the same machinery as the RL update, its projected tokens/s/chip and MFU set
+beside MaxText's measured ones.
+
+MaxText measured (maxtext/docs/reference/models/tiering.md and
+maxtext/benchmarks/maxtext_trillium_model_configs.py of github.com/AI-Hypercomputer/maxtext):
+Llama-3.1-8B on v6e-256, bfloat16, sequence 8192, per-device batch 4, 7,207 tokens/s/chip,
+45.46% MFU; its tokens/s/chip is flat (7.0-7.2k) across v6e slices of 8 to 256 chips, so
+a small slice stands in for the pod. MaxText's MFU counts 6 x (layer matmul params + the
+head) FLOPs per token plus 12 x S x H x E x L for attention (causal masking not halved):
+5.79e10 per token for the 8B at S = 8192, which with 7,207 tokens/s/chip on 918 TFLOP/s
+is its 45.46% (`maxtext_flops_per_token`). kjax's projected MFU uses the same count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from kjax import sharding
+from kjax.models import llama
+from kjax.models.config import LlamaConfig
+from kjax.rl import losses
+from kjax.scale.chips import Chip, chip_of, topology_devices
+from kjax.scale.compiled import Compiled, compile_one
+from kjax.scale.costs import matmul_params
+from kjax.scale.planner import abstract_params, abstract_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A published measurement to calibrate against."""
+
+    tokens_per_s_per_chip: float
+    mfu: float
+    seq: int
+    per_device_batch: int
+    source: str
+
+
+MAXTEXT_LLAMA31_8B_V6E = Measured(
+    tokens_per_s_per_chip=7207.0,
+    mfu=0.4546,
+    seq=8192,
+    per_device_batch=4,
+    source="MaxText maxtext/docs/reference/models/tiering.md, "
+    "benchmarks/maxtext_trillium_model_configs.py (Llama-3.1-8B, v6e-256, bf16)",
+)
+
+
+def maxtext_flops_per_token(c: LlamaConfig, seq: int) -> float:
+    """Training FLOPs per token as MaxText counts them for its MFU: 6 x (the layers'
+    matmul params + the head's D x V) + 12 x seq x H x E x L (attention, unmasked)."""
+    dense = 6 * (matmul_params(c) + c.hidden_size * c.vocab_size)
+    return dense + 12 * seq * c.num_heads * c.head_dim * c.num_layers
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The pre-training step compiled for a slice, its projection and the measurement."""
+
+    topology: str
+    chip: Chip
+    chips: int
+    mesh: tuple[int, int, int]
+    per_device_batch: int
+    seq: int
+    remat: bool
+    step: Compiled
+    flops_per_token: float
+    measured: Measured
+
+    @property
+    def tokens_per_step_per_chip(self) -> int:
+        return self.per_device_batch * self.seq
+
+    def tokens_per_s_per_chip(self, serial: bool = False) -> float:
+        """Projected: tokens per chip / the step's time, overlapped (max of compute, HBM,
+        ICI) or with no overlap (their sum)."""
+        t = self.step.serial_seconds_on(self.chip) if serial else self.step.seconds_on(self.chip)
+        return self.tokens_per_step_per_chip / t
+
+    def mfu(self, serial: bool = False) -> float:
+        """Projected MFU in MaxText's FLOP count."""
+        return self.tokens_per_s_per_chip(serial) * self.flops_per_token / self.chip.bf16_flops
+
+    def ratio(self, serial: bool = False) -> float:
+        """Projected / measured tokens/s/chip (the same ratio for MFU: one FLOP count)."""
+        return self.tokens_per_s_per_chip(serial) / self.measured.tokens_per_s_per_chip
+
+
+def pretrain_step(c: LlamaConfig, optimizer, dtype, remat: bool, mesh):
+    """step(state, tokens [B,S] int32, targets [B,S] int32) -> state: next-token
+    cross-entropy on every position, Adam; the whole TrainState donated."""
+
+    def loss_fn(params, tokens, targets):
+        logits = llama.forward(params, c, tokens, dtype=dtype, remat=remat)
+        return losses.cross_entropy_loss(logits, targets, jnp.ones(targets.shape, bool))[0]
+
+    def step(state, tokens, targets):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as kjax.rl traces
+            grads = jax.grad(loss_fn)(state.params, tokens, targets)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return state._replace(params=params, opt_state=opt_state, step=state.step + 1)
+
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def calibrate(
+    c: LlamaConfig,
+    topology: str,
+    *,
+    measured: Measured = MAXTEXT_LLAMA31_8B_V6E,
+    mesh_sizes=None,
+    remat: bool = True,
+    dtype=jnp.bfloat16,
+    devices=None,
+    kernel_cost=None,
+    log: Callable[[str], None] = lambda _: None,
+) -> Calibration:
+    """Compiles the pre-training step of `c` (the attention backend is whatever `c`
+    selects) at `measured`'s sequence and per-device batch for `topology`, every chip on
+    fsdp by default (data, fsdp, tensor = 1, chips, 1), params and Adam moments in
+    `dtype` as kjax's presets keep them; returns its projection beside `measured`."""
+    devices = topology_devices(topology) if devices is None else devices
+    chips = len(devices)
+    mesh_sizes = tuple(mesh_sizes or (1, chips, 1))
+    mesh = sharding.make_mesh(*mesh_sizes, devices=devices)
+    optimizer = optax.adam(1e-5)
+    params = abstract_params(c, dtype, mesh)
+    state = abstract_state(params, optimizer, mesh)
+    B, S = measured.per_device_batch * chips, measured.seq
+    batch = jax.ShapeDtypeStruct((B, S), jnp.int32, sharding=sharding.batch_sharding(mesh))
+    log(f"calibration: compiling the pre-training step for {topology} (B={B}, S={S})")
+    start = time.perf_counter()
+    step = compile_one(
+        "pretrain",
+        pretrain_step(c, optimizer, dtype, remat, mesh),
+        state,
+        batch,
+        batch,
+        mesh=mesh,
+        kernel_cost=kernel_cost,
+    )
+    log(f"calibration: compiled in {time.perf_counter() - start:.0f} s")
+    return Calibration(
+        topology=topology,
+        chip=chip_of(topology),
+        chips=chips,
+        mesh=mesh_sizes,
+        per_device_batch=measured.per_device_batch,
+        seq=S,
+        remat=remat,
+        step=step,
+        flops_per_token=maxtext_flops_per_token(c, S),
+        measured=measured,
+    )
