@@ -362,7 +362,9 @@ def _calibrate(args, c, topologies, mesh, log) -> int:
         if not topology.startswith("v6e:"):
             log(f"{topology}: the measurement is of v6e; the ratio compares different chips")
         try:
-            r = calibration.calibrate(c, topology, mesh_sizes=mesh, log=log)
+            r = calibration.calibrate(
+                c, topology, mesh_sizes=mesh, log=log, kernel_cost=calibration.kernel_cost(c)
+            )
         except ValueError as e:  # the compiler could not measure it past HBM
             print(f"{topology}: the calibration step could not be compiled: {e}", flush=True)
             code = 1

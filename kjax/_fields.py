@@ -7,6 +7,10 @@ import dataclasses
 import enum
 import numbers
 
+# dataclasses.field metadata of a field added after runs were written: kjax.rl.config.to_json
+# leaves it out of the run's identity while it holds its default, so those runs resume.
+IDENTITY_IF_SET = {"identity": "if_set"}
+
 
 def coerce_enum(value, enum_cls: type[enum.Enum], field: str):
     """`value` as an `enum_cls` member; accepts the member, its value or its name (so

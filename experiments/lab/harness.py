@@ -208,9 +208,27 @@ def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
     return components, state.params
 
 
-# TrainConfig fields added after rows were fingerprinted, with the value that runs what
-# those rows ran: left out of the hash at that value, so finished rows stay reusable.
-_LATER_DEFAULTS = {"sampler_compact_floor": 0}  # the static sampler (kjax.sampling)
+# TrainConfig fields (dotted paths) added after rows were fingerprinted, with the value
+# that runs what those rows ran: left out of the hash at that value, so finished rows stay
+# reusable. As dataclasses.asdict holds them (enum members, nested dicts).
+_LATER_DEFAULTS = {
+    "sampler_compact_floor": 0,  # the static sampler (kjax.sampling)
+    "rl.pack": "OFF",  # the padded update (kjax.rl.packing)
+    "model.attention": "AUTO",  # jnp on CPU (kjax.models.attention)
+}
+
+
+def _drop_later_defaults(fields: dict) -> None:
+    for path, default in _LATER_DEFAULTS.items():
+        *parents, name = path.split(".")
+        group = fields
+        for p in parents:
+            group = group.get(p) if isinstance(group, dict) else None
+        if not isinstance(group, dict) or name not in group:
+            continue
+        value = group[name]
+        if getattr(value, "name", value) == default or value == default:
+            del group[name]
 
 
 def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
@@ -222,9 +240,7 @@ def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
     import hashlib
 
     fields = dataclasses.asdict(cfg)
-    for name, default in _LATER_DEFAULTS.items():  # at its default: the run rows hold
-        if fields.get(name, default) == default:
-            fields.pop(name, None)
+    _drop_later_defaults(fields)  # at their defaults: what the stored rows ran
     sft = fields.get("sft")
     if workdir is not None and isinstance(sft, dict) and sft.get("cache_dir"):
         folder = pathlib.Path(os.path.abspath(sft["cache_dir"]))

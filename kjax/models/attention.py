@@ -39,7 +39,7 @@ from kjax.models.config import AttentionBackend, LlamaConfig
 # to whole 128-wide blocks, and below one 512 block the kernel saves little (and the
 # tiny TPU programs of tests/test_scale.py keep their closed-form FLOPs).
 KERNEL_MIN_LENGTH = 512
-_BLOCK = 512  # splash block (q, kv, backward); MaxText's default is 512 as well
+BLOCK = 512  # splash block (q, kv, backward); MaxText's default is 512 as well
 
 
 def platform() -> str:
@@ -165,7 +165,7 @@ def _mask_class():
 def _kernel(length: int, prompt: int, block: int, heads: int, interpret: bool):
     """A splash kernel for [heads, length, E] rows (block-sparse mask info built once)."""
     splash = _splash()
-    b = min(_BLOCK, length)
+    b = min(BLOCK, length)
     sizes = splash.BlockSizes(
         block_q=b, block_kv=b, block_kv_compute=b,
         block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b,
@@ -183,7 +183,7 @@ def _splash_attention(q, k, v, prompt_mask, n, t, *, interpret: bool):
     S, K = prompt_mask.shape[1], k.shape[2]
     # Rows padded to whole blocks (128 lanes; 512 once longer); pad positions are
     # segment -1, prompt padding 0, real positions 1: a segment only sees its own.
-    width = 128 if L <= 128 else _BLOCK if L >= _BLOCK else 128
+    width = 128 if L <= 128 else BLOCK if L >= BLOCK else 128
     Lp = -(-L // width) * width
     seg = jnp.concatenate(
         [prompt_mask.astype(jnp.int32), jnp.ones((B, n * t), jnp.int32),

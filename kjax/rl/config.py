@@ -304,7 +304,7 @@ class TrainConfig:
     # the live samples into halved batches as others stop, down to f rows
     # (kjax.sampling.compact_sizes): the same tokens; log-probs equal to float rounding
     # only (XLA's dots round a row differently at another batch size), hence off by default.
-    sampler_compact_floor: int = 0
+    sampler_compact_floor: int = dataclasses.field(default=0, metadata=IDENTITY_IF_SET)
     dynamic_sampling: bool = False  # drop all-zero-advantage groups, refill from next prompts
     objective: ObjectiveConfig = ObjectiveConfig()
     k_schedule: KSchedule | None = None

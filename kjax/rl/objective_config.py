@@ -10,13 +10,9 @@ import enum
 import math
 from collections.abc import Mapping
 
-from kjax._fields import check_int, coerce_enum, is_real
+from kjax._fields import IDENTITY_IF_SET, check_int, coerce_enum, is_real
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.objectives.shrinkage import SHRINKABLE
-
-# dataclasses.field metadata of a field added after runs were written: kjax.rl.config.to_json
-# leaves it out of the run's identity while it holds its default, so those runs resume.
-IDENTITY_IF_SET = {"identity": "if_set"}
 
 
 class Objective(enum.Enum):

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import numbers
 
-from kjax._fields import check_int, coerce_enums, is_real
+from kjax._fields import IDENTITY_IF_SET, check_int, coerce_enums, is_real
 
 
 class PolicyLoss(enum.Enum):
@@ -171,7 +171,7 @@ class StepConfig:
     offpolicy_clamp: float | None = None
     policy_lag: int = 0
     lag_correction: LagCorrection = LagCorrection.NONE
-    pack: PackMode = PackMode.OFF
+    pack: PackMode = dataclasses.field(default=PackMode.OFF, metadata=IDENTITY_IF_SET)
 
     def __post_init__(self):
         coerce_enums(self, "rl.")

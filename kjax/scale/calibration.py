@@ -16,6 +16,7 @@ is its 45.46% (`maxtext_flops_per_token`). kjax's projected MFU uses the same co
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -24,12 +25,12 @@ import jax.numpy as jnp
 import optax
 
 from kjax import sharding
-from kjax.models import llama
-from kjax.models.config import LlamaConfig
-from kjax.rl import losses
+from kjax.models import attention, llama
+from kjax.models.config import AttentionBackend, LlamaConfig
+from kjax.rl import forward, losses
 from kjax.scale.chips import Chip, chip_of, topology_devices
 from kjax.scale.compiled import Compiled, compile_one
-from kjax.scale.costs import matmul_params
+from kjax.scale.costs import matmul_params, splash_attention_cost
 from kjax.scale.planner import abstract_params, abstract_state
 
 
@@ -95,13 +96,47 @@ class Calibration:
         return self.tokens_per_s_per_chip(serial) / self.measured.tokens_per_s_per_chip
 
 
+def _causal_hidden(params, c: LlamaConfig, tokens, backend, dtype, remat: bool):
+    """Final hidden states [B,S,D] of full rows (no padding) with attention through
+    `backend` (kjax.models.attention: the causal case, n*t = 0, as the sampler's prefill)."""
+    B, S = tokens.shape
+    everywhere = jnp.ones((B, S), bool)
+    cos, sin = llama.rope_tables(c, llama.default_positions(everywhere))
+
+    def block(x, inputs):
+        layer, _ = inputs
+        q, k, v = llama.layer_qkv(layer, c, x, cos, sin)
+        out = attention.grouped_attention(backend, q, k, v, everywhere, 0, 0)
+        return sharding.constrain_batch(llama.layer_out(layer, c, x, out)), None
+
+    x0 = sharding.constrain_batch(llama.embed(params, tokens, dtype))
+    return llama.scan_layers(block, x0, (params["layers"], llama.layer_windows(c)), remat=remat)
+
+
+def pretrain_loss(params, tokens, targets, *, c: LlamaConfig, dtype, remat: bool):
+    """Mean next-token cross-entropy of targets [B,S] given tokens [B,S] (full rows)."""
+    backend = attention.resolve(c, dtype, tokens.shape[1])
+    if backend is AttentionBackend.JNP:  # the reference: [B,S,V] logits, [S,S] mask
+        logits = llama.forward(params, c, tokens, dtype=dtype, remat=remat)
+        return losses.cross_entropy_loss(logits, targets, jnp.ones(targets.shape, bool))[0]
+    # Through the kernel (attention.resolve: splash on TPU from 512 positions): causal
+    # attention with no [S,S] mask, and the loss from the chunked head, never [B,S,V].
+    hidden = _causal_hidden(params, c, tokens, backend, dtype, remat)
+    return -forward.chunked_token_stats(params, c, hidden, targets).logprobs.mean()
+
+
+def kernel_cost(c: LlamaConfig, seq: int = MAXTEXT_LLAMA31_8B_V6E.seq):
+    """The `kernel_cost` hook for the step's splash kernels: FLOPs over the score blocks a
+    causal mask leaves (n (n + 1) / 2 of n^2 blocks of attention's block size)."""
+    n = -(-seq // attention.BLOCK)
+    return splash_attention_cost(n * (n + 1) / 2 / n**2)
+
+
 def pretrain_step(c: LlamaConfig, optimizer, dtype, remat: bool, mesh):
     """step(state, tokens [B,S] int32, targets [B,S] int32) -> state: next-token
     cross-entropy on every position, Adam; the whole TrainState donated."""
 
-    def loss_fn(params, tokens, targets):
-        logits = llama.forward(params, c, tokens, dtype=dtype, remat=remat)
-        return losses.cross_entropy_loss(logits, targets, jnp.ones(targets.shape, bool))[0]
+    loss_fn = functools.partial(pretrain_loss, c=c, dtype=dtype, remat=remat)
 
     def step(state, tokens, targets):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as kjax.rl traces

@@ -627,14 +627,23 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
 
 
 def test_fingerprint_leaves_out_a_later_field_at_its_default():
-    """Rows fingerprinted before TrainConfig.sampler_compact_floor existed stay reusable
-    (the hash of the config without it); turning it on changes the hash."""
+    """Rows fingerprinted before sampler_compact_floor, rl.pack and model.attention existed
+    stay reusable (the hash of the config without them); setting any changes the hash."""
     import hashlib
+
+    from kjax.models.config import AttentionBackend
+    from kjax.rl.step_config import PackMode
 
     cfg = TrainConfig()
     fields = dataclasses.asdict(cfg)
-    del fields["sampler_compact_floor"]
+    del fields["sampler_compact_floor"], fields["rl"]["pack"], fields["model"]["attention"]
     before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
     assert harness.fingerprint(cfg) == before[:16]
-    on = dataclasses.replace(cfg, sampler_compact_floor=4)
-    assert harness.fingerprint(on) != harness.fingerprint(cfg)
+    for on in (
+        dataclasses.replace(cfg, sampler_compact_floor=4),
+        dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, pack=PackMode.GROUP)),
+        dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, attention=AttentionBackend.SPLASH)
+        ),
+    ):
+        assert harness.fingerprint(on) != harness.fingerprint(cfg)
