@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     targets = [logging.getLogger("absl"), *logging.getLogger().handlers]
     for target in targets:
         target.addFilter(quiet)
+    hook, sys.excepthook = sys.excepthook, disk.quiet_excepthook(sys.excepthook)
     try:
         return _train(cfg, workdir)
     finally:
+        sys.excepthook = hook
         for target in targets:
             target.removeFilter(quiet)
 

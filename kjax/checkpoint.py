@@ -100,7 +100,7 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        check_shapes(self.directory / str(step) / "state", abstract, "resume")
+        check_shapes(self.directory / str(step) / "state", abstract, "Resuming")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         )
@@ -148,9 +148,9 @@ def check_shapes(state_dir: pathlib.Path, like: Any, reader: str) -> None:
         if name in saved and saved[name] != tuple(leaf.shape):
             raise ValueError(
                 f"{state_dir.parent} holds a model of other sizes than this run's config: "
-                f"{name} is {saved[name]} there, {tuple(leaf.shape)} here. A {reader} reads "
-                "a checkpoint with the config it was trained with; give the run's own "
-                "config (its experiment.json), or a new --workdir for the new model."
+                f"{name} is {saved[name]} there, {tuple(leaf.shape)} here. {reader} it needs "
+                "the config it was trained with; give the run's own config (its "
+                "experiment.json), or a new --workdir for the new model."
             )
 
 
@@ -173,7 +173,7 @@ def read_params(directory: str | os.PathLike, like: Any) -> tuple[Any, int]:
             saved = _saved_shapes(state_dir)
             lagged = any(name.startswith("['train']") for name in saved)
             sub = {"train": {"params": like}} if lagged else {"params": like}
-            check_shapes(state_dir, sub, "evaluation")
+            check_shapes(state_dir, sub, "Evaluating")
             args = ocp.args.PyTreeRestore(
                 item=sub,
                 restore_args=ocp.checkpoint_utils.construct_restore_args(sub),

@@ -70,3 +70,16 @@ class QuietDiskFull(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         return not (is_disk_full(exc) or _WORDS in record.getMessage())
+
+
+def quiet_excepthook(original):
+    """sys.excepthook that drops what a failed asynchronous save prints from its threads
+    (tensorstore's callbacks into orbax's closed event loop, a full disk): the command
+    says the cause once. Anything else goes to `original`."""
+
+    def hook(kind, value, tb):
+        if is_disk_full(value) or (kind is RuntimeError and str(value) == "Event loop is closed"):
+            return
+        original(kind, value, tb)
+
+    return hook

@@ -376,8 +376,9 @@ class TrainConfig:
                 not sampler,
                 "mesh.sampler_devices",
                 "is a sampling group, which draws step t + rl.policy_lag's rollouts while the "
-                "other devices run step t's update; at rl.policy_lag=0 nothing overlaps and "
-                "half the run each group idles. Set rl.policy_lag >= 1, or mesh.sampler_devices=0",
+                "other devices run step t's update; at rl.policy_lag=0 nothing overlaps, so "
+                "each group idles while the other works. Set rl.policy_lag >= 1, or "
+                "mesh.sampler_devices=0",
                 sampler,
             )
         need(
