@@ -336,7 +336,13 @@ def _warn_lag(cfg: TrainConfig, log) -> None:
         ),
         "EXACT": "re-weights them exactly (unbiased; untruncated ratios, so higher variance)",
     }[rl.lag_correction.name]
+    ago = f"{rl.policy_lag} update(s) ago"
+    if rl.policy_lag >= cfg.steps:  # said plainly: no rollout is from a trained policy
+        ago = (
+            f"the initial ones: rl.policy_lag >= steps={cfg.steps}, so no rollout comes from "
+            "a trained policy (lower rl.policy_lag, or raise steps, if that is not meant)"
+        )
     log(
         f"note: rl.policy_lag={rl.policy_lag}: each rollout comes from the parameters of "
-        f"{rl.policy_lag} update(s) ago, and rl.lag_correction={rl.lag_correction.name} {how}."
+        f"{ago}, and rl.lag_correction={rl.lag_correction.name} {how}."
     )

@@ -381,14 +381,8 @@ class TrainConfig:
                 "mesh.sampler_devices=0",
                 sampler,
             )
-        need(
-            lag < self.steps or not lag,
-            "rl.policy_lag",
-            f"must be < steps={self.steps}: step t's rollouts come from the parameters of step "
-            "t - rl.policy_lag, so at this lag every rollout would come from the initial "
-            "parameters; lower rl.policy_lag or raise steps",
-            lag,
-        )
+        # lag >= steps is allowed (a smoke budget of a lagged table) but named in the run's
+        # log: every rollout then comes from the initial parameters (components._warn_lag).
 
     def _sampler_note(self, devices: int) -> str:
         """What a mesh error needs to say when the sampling group took some devices."""

@@ -193,8 +193,8 @@ def test_ppo_exact_with_sequence_ratio_is_accepted():
 
 def test_uncorrected_lag_is_named_in_the_log(tmp_path):
     lines = []
-    cfg = dataclasses.replace(_with_lag(CFG, 1, LagCorrection.NONE), steps=2)  # lag < steps
-    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, total_steps=2))
+    cfg = dataclasses.replace(_with_lag(CFG, 1, LagCorrection.NONE), steps=1)
+    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, total_steps=1))
     loop.train_and_evaluate(cfg, tmp_path / "r", progress=False, log=lines.append)
     assert any("rl.policy_lag=1" in x and "biased" in x for x in lines)
 
