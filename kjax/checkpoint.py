@@ -130,11 +130,18 @@ def _steps(directory: pathlib.Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
+def _name(path) -> str:
+    """A leaf's path as "train/params/embed", whether its parents are dicts, lists or
+    dataclasses (a TrainState's fields are attributes here, dict keys in a checkpoint)."""
+    parts = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+    return "/".join(str(p) for p in parts)
+
+
 def _saved_shapes(state_dir: pathlib.Path) -> dict[str, tuple]:
     """{dotted leaf name: shape} of a checkpoint's saved state (its metadata only)."""
     tree = ocp.PyTreeCheckpointHandler().metadata(state_dir).tree
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
-    return {jax.tree_util.keystr(k): tuple(v.shape) for k, v in flat}
+    return {_name(k): tuple(v.shape) for k, v in flat}
 
 
 def check_shapes(state_dir: pathlib.Path, like: Any, reader: str) -> None:
@@ -144,7 +151,7 @@ def check_shapes(state_dir: pathlib.Path, like: Any, reader: str) -> None:
     saved = _saved_shapes(state_dir)
     flat = jax.tree_util.tree_flatten_with_path(like)[0]
     for path, leaf in flat:
-        name = jax.tree_util.keystr(path)
+        name = _name(path)
         if name in saved and saved[name] != tuple(leaf.shape):
             raise ValueError(
                 f"{state_dir.parent} holds a model of other sizes than this run's config: "
@@ -171,7 +178,7 @@ def read_params(directory: str | os.PathLike, like: Any) -> tuple[Any, int]:
         state_dir = directory / str(steps[-1]) / "state"
         try:
             saved = _saved_shapes(state_dir)
-            lagged = any(name.startswith("['train']") for name in saved)
+            lagged = any(name.startswith("train/") for name in saved)
             sub = {"train": {"params": like}} if lagged else {"params": like}
             check_shapes(state_dir, sub, "Evaluating")
             args = ocp.args.PyTreeRestore(
