@@ -74,6 +74,33 @@ _SLICES = {
 GiB = 1 << 30
 
 
+def check_args(topology: str, mesh: str) -> tuple[list[str], tuple[int, ...] | None]:
+    """(the --topology list, the --mesh sizes or None), each checked before anything
+    needs the compiler (libtpu, CUDA): a ValueError names the flag and the fix."""
+    topologies = [t.strip() for t in topology.split(",") if t.strip()]
+    for t in topologies:
+        chip, _, shape = t.partition(":")
+        if chip in _SLICES and shape not in _SLICES[chip]:
+            raise ValueError(
+                f"--topology={t}: {chip} comes in {', '.join(_SLICES[chip])} ; pick one of those."
+            )
+    if not mesh:
+        return topologies, None
+    parts = mesh.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--mesh must be data,fsdp,tensor (three ints >= 1); got {mesh!r}.")
+    sizes = tuple(int(p) for p in parts)
+    for t in topologies:
+        if t.partition(":")[0] in _SLICES:
+            chips = math.prod(int(d) for d in t.partition(":")[2].split("x"))
+            if math.prod(sizes) != chips:
+                raise ValueError(
+                    f"--mesh={mesh} uses {math.prod(sizes)} devices but --topology={t} has "
+                    f"{chips}; give sizes whose product is {chips} (or leave --mesh out)."
+                )
+    return topologies, sizes
+
+
 def model_config(cfg: TrainConfig, model: str):
     """The policy's LlamaConfig from --model, config.model.path, or the TINY sizes."""
     from kjax.models.config import LlamaConfig
@@ -417,12 +444,17 @@ def main(argv: list[str] | None = None) -> int:
         from kjax import scale
 
         c = model_config(cfg, args.model)
-        topologies = [t.strip() for t in args.topology.split(",") if t.strip()]
-        for topology in topologies:
-            scale.chip_of(topology), scale.topology_chips(topology)
-        mesh = tuple(int(x) for x in args.mesh.split(",")) if args.mesh else None
-        if mesh is not None and len(mesh) != 3:
-            raise ValueError(f"--mesh must be data,fsdp,tensor; got {args.mesh!r}")
+        for topology in args.topology.split(","):
+            scale.chip_of(topology.strip()), scale.topology_chips(topology.strip())
+        topologies, mesh = check_args(args.topology, args.mesh)
+        if mesh is None:
+            for topology in topologies:
+                try:
+                    cfg.mesh.resolve(scale.topology_chips(topology))
+                except ValueError as e:
+                    raise ValueError(
+                        f"--topology={topology}: {e} Give --mesh=DATA,FSDP,TENSOR for it."
+                    ) from None
         scale.Shape.of(cfg)
     except ValueError as e:
         print(f"experiments.plan_scale: error: {e}", file=sys.stderr)

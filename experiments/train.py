@@ -81,16 +81,43 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"experiments.train: error: {e}", file=sys.stderr)
         return 2
+    import logging
+
+    from kjax import disk
+
+    quiet = disk.QuietDiskFull()
+    # orbax's save threads log each failed write with its traceback (absl's logger, which
+    # the root logger's handlers print): a full disk is said once, at the end.
+    targets = [logging.getLogger("absl"), *logging.getLogger().handlers]
+    for target in targets:
+        target.addFilter(quiet)
+    hook, sys.excepthook = sys.excepthook, disk.quiet_excepthook(sys.excepthook)
+    try:
+        return _train(cfg, workdir)
+    finally:
+        sys.excepthook = hook
+        for target in targets:
+            target.removeFilter(quiet)
+
+
+def _train(cfg, workdir: str) -> int:
+    """train_and_evaluate with a user's errors as messages (exit 2, 3 for a NaN stop)."""
+    from kjax import disk
     from kjax.rl.loop import train_and_evaluate
 
     try:
         final = train_and_evaluate(cfg, workdir)
-    except (ValueError, FloatingPointError) as e:  # workdir identity, data, NaN stop
-        print(f"experiments.train: error: {e}", file=sys.stderr)
-        return 3 if isinstance(e, FloatingPointError) else 2
-    except OSError as e:  # a workdir that cannot be written, a missing file
-        print(f"experiments.train: error: {os_error(e, workdir)}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        if disk.is_disk_full(e):  # in whatever words the writing library raised it
+            print(f"experiments.train: error: {disk.message(workdir, e)}", file=sys.stderr)
+            return 2
+        if isinstance(e, ValueError | FloatingPointError):  # identity, data, NaN stop
+            print(f"experiments.train: error: {e}", file=sys.stderr)
+            return 3 if isinstance(e, FloatingPointError) else 2
+        if isinstance(e, OSError):  # a workdir that cannot be written, a missing file
+            print(f"experiments.train: error: {os_error(e, workdir)}", file=sys.stderr)
+            return 2
+        raise
     from kjax.evaluation import k_values
 
     ks = [k for k in k_values(cfg.eval.n_eval) if f"eval/pass@{k}" in final]

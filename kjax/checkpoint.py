@@ -100,6 +100,7 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        check_shapes(self.directory / str(step) / "state", abstract, "Resuming")
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         )
@@ -119,6 +120,79 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _steps(directory: pathlib.Path) -> list[int]:
+    """The complete checkpoints' steps, oldest first (orbax renames a step's temporary
+    folder to its number only once it is written)."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def _name(path) -> str:
+    """A leaf's path as "train/params/embed", whether its parents are dicts, lists or
+    dataclasses (a TrainState's fields are attributes here, dict keys in a checkpoint)."""
+    parts = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+    return "/".join(str(p) for p in parts)
+
+
+def _saved_shapes(state_dir: pathlib.Path) -> dict[str, tuple]:
+    """{dotted leaf name: shape} of a checkpoint's saved state (its metadata only)."""
+    tree = ocp.PyTreeCheckpointHandler().metadata(state_dir).tree
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+    return {_name(k): tuple(v.shape) for k, v in flat}
+
+
+def check_shapes(state_dir: pathlib.Path, like: Any, reader: str) -> None:
+    """Raises a ValueError naming the checkpoint and the first differing array when the
+    saved arrays are not the shapes of `like` (a run of another model's sizes): orbax's
+    own message comes from deep inside a restore and names neither."""
+    saved = _saved_shapes(state_dir)
+    flat = jax.tree_util.tree_flatten_with_path(like)[0]
+    for path, leaf in flat:
+        name = _name(path)
+        if name in saved and saved[name] != tuple(leaf.shape):
+            raise ValueError(
+                f"{state_dir.parent} holds a model of other sizes than this run's config: "
+                f"{name} is {saved[name]} there, {tuple(leaf.shape)} here. {reader} it needs "
+                "the config it was trained with; give the run's own config (its "
+                "experiment.json), or a new --workdir for the new model."
+            )
+
+
+def read_params(directory: str | os.PathLike, like: Any) -> tuple[Any, int]:
+    """(the newest checkpoint's params, its step) restored onto `like`'s shardings
+    (ShapeDtypeStructs: any device count, whatever the run saved on), read-only.
+
+    Read-only: no CheckpointManager (it removes temporary folders and old steps of a
+    trainer that may be writing beside us) and nothing created. A synchronous run's state
+    holds "params"; a lagged one's (rl.policy_lag > 0) holds them under "train". A step
+    removed by a live trainer's garbage collection while we read is retried on the newer.
+    """
+    directory = pathlib.Path(directory)
+    for _ in range(3):
+        steps = _steps(directory)
+        if not steps:
+            raise FileNotFoundError(f"no complete checkpoint in {directory}")
+        state_dir = directory / str(steps[-1]) / "state"
+        try:
+            saved = _saved_shapes(state_dir)
+            lagged = any(name.startswith("train/") for name in saved)
+            sub = {"train": {"params": like}} if lagged else {"params": like}
+            check_shapes(state_dir, sub, "Evaluating")
+            args = ocp.args.PyTreeRestore(
+                item=sub,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(sub),
+                partial_restore=True,
+            )
+            out = ocp.PyTreeCheckpointer().restore(state_dir, args=args)
+        except (FileNotFoundError, OSError, ValueError):
+            if state_dir.exists():
+                raise
+            continue  # the trainer removed that step (keep=...) while we read it
+        return (out["train"] if lagged else out)["params"], steps[-1]
+    raise FileNotFoundError(f"{directory}: every checkpoint was replaced while being read")
 
 
 def has_checkpoint(directory: str | os.PathLike) -> bool:

@@ -39,7 +39,12 @@ class Tokenizer:
         """Token ids of a conversation through the chat template, ending with the
         assistant turn's header (the model continues as the assistant)."""
         if not getattr(self.hf, "chat_template", None):
-            raise ValueError("this tokenizer has no chat template; use encode() for raw text")
+            where = getattr(self.hf, "name_or_path", "") or "this tokenizer"
+            raise ValueError(
+                f"{where} has no chat template (tokenizer_config.json's chat_template, or "
+                "chat_template.jinja); copy the model's tokenizer files into it, or use "
+                "encode() for raw text."
+            )
         ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True)
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return [int(i) for i in ids]
@@ -76,8 +81,20 @@ def load(path: str) -> Tokenizer:
     if path.endswith(".gguf"):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"GGUF file {path} not found")
+        from kjax.models.gguf_file import check_gguf
+
+        check_gguf(path)
         directory, name = os.path.split(os.path.abspath(path))
         return Tokenizer(transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is neither a HF model directory nor a .gguf file")
+    if not any(os.path.isfile(os.path.join(path, n)) for n in _TOKENIZER_FILES):
+        raise ValueError(
+            f"{path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); copy the model's "
+            "tokenizer files (tokenizer.json, tokenizer_config.json) into it."
+        )
     return Tokenizer(transformers.AutoTokenizer.from_pretrained(path))
+
+
+# A HF folder's tokenizer is one of these (fast, sentencepiece, BPE vocabulary).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")

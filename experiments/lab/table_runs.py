@@ -258,7 +258,12 @@ def _lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> Non
         reused = reused_row(table, arm, seed, ctx)
         if not (run_dir / "result.json").exists() and not reused:
             pending.append((seed, run_dir, cfg))  # run_one takes the reused ones
-    if len(pending) < 2 or seeds_lib.unsupported(pending[0][2]):
+    if len(pending) < 2:
+        return
+    why = seeds_lib.unsupported(pending[0][2])
+    if why:  # said, not silently ignored: these seeds train one at a time
+        ctx.log(f"[{table.name}] --lockstep={ctx.lockstep} does not apply to arm {arm.name!r}: "
+                f"{why.rstrip('.')}; its seeds train one at a time.")  # fmt: skip
         return
     locks, mine = [], []
     try:
@@ -322,17 +327,33 @@ def run_table(table: Table, seeds: Sequence[int], ctx: Context) -> list[dict]:
         ctx.log(f"[{table.name}] --lockstep does not apply: this table runs its own execute")
     for arm in table.arms:
         lockstep(table, arm, seeds, ctx)
+    by_seed = {seed: [run_one(table, arm, seed, ctx) for arm in table.arms] for seed in seeds}
     rows = []
     for seed in seeds:
-        seed_rows = [run_one(table, arm, seed, ctx) for arm in table.arms]
+        # after every run of this worker: what other workers finished meanwhile is shown
+        seed_rows = finished_since(by_seed[seed], ctx)
+        extra = {}
         if table.per_seed is not None:
             extra_path = ctx.workdir / "runs" / "_per_seed" / f"seed{seed}.json"
             if not extra_path.exists():
                 extra_path.parent.mkdir(parents=True, exist_ok=True)
-                extra = table.per_seed(table, seed, ctx)
-                write_atomic(extra_path, json.dumps(extra, indent=1))
-            harness.merge(table, seed_rows, json.loads(extra_path.read_text()))
-        else:
-            harness.merge(table, seed_rows, {})
+                write_atomic(extra_path, json.dumps(table.per_seed(table, seed, ctx), indent=1))
+            extra = json.loads(extra_path.read_text())
+        harness.merge(table, seed_rows, extra)
         rows += seed_rows
     return rows
+
+
+def finished_since(rows: list[dict], ctx: Context) -> list[dict]:
+    """rows with each one another worker was running replaced by its result, when that
+    worker has finished it since: the last worker to finish writes the whole table."""
+    out = []
+    for row in rows:
+        done = ctx.workdir / ctx.runs / slug(row["arm"]) / f"seed{row['seed']}" / "result.json"
+        if row["status"] == RUNNING and done.exists():
+            try:
+                row = {**read_result(done), **{k: row[k] for k in ("table", "arm", "seed")}}
+            except TornResult:
+                pass  # being written: still running
+        out.append(row)
+    return out

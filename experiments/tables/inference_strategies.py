@@ -109,10 +109,9 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
             raise FileNotFoundError(
                 f"no checkpoint in {run_dir}/checkpoints; train the run first (experiments.train)"
             )
-        ckpt = checkpoint.Checkpointer(run_dir / "checkpoints", checkpoint.CheckpointConfig())
-        with ckpt:
-            state, _ = ckpt.restore(None)  # the saved tree as is: only params are needed
-        params = jax.device_put(state["params"], jax.devices()[0])
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), params)
+        params, _ = checkpoint.read_params(run_dir / "checkpoints", like)
     if task is not None and task != cfg.task:
         if (
             cfg.model.kind is ModelKind.TINY

@@ -4,6 +4,7 @@ permutation per epoch, sharded by host, in fixed-size batches with a resumable p
 from __future__ import annotations
 
 import dataclasses
+import errno
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,14 @@ def prepare(
     download = tfds.download.DownloadConfig(
         manual_dir=None if manual_dir is None else str(manual_dir)
     )
-    builder.download_and_prepare(download_config=download)
+    try:
+        builder.download_and_prepare(download_config=download)
+    except Exception as e:  # tfds' writers say a full disk in their own words
+        from kjax import disk
+
+        if disk.is_disk_full(e):
+            raise OSError(errno.ENOSPC, "No space left on device", str(data_dir)) from e
+        raise
     lacking = [s for s in needs if s not in builder.info.splits]
     if lacking:  # prepared by an older kjax from a folder without the file
         raise ValueError(

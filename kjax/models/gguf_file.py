@@ -105,12 +105,27 @@ def _config(meta: dict, tensor_names: set[str], path: str) -> LlamaConfig:
     )
 
 
+def check_gguf(path: str) -> None:
+    """Raises a ValueError naming `path` when it is empty or not a GGUF file (the gguf
+    package's own messages, "GGUF magic invalid" or an mmap error, name neither)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not magic:
+        raise ValueError(f"{path} is empty (0 bytes; an interrupted download?); download it again.")
+    if magic != b"GGUF":
+        raise ValueError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a .gguf "
+            "from llama.cpp's converter, or a HF model folder with --config.model.kind=hf_dir."
+        )
+
+
 def read_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
     """Reads a llama/qwen2/qwen3 .gguf: (config, float32 tensors with transformers names)."""
     import gguf
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path} not found")
+    check_gguf(path)
     reader = gguf.GGUFReader(path)
     meta = {}
     for key, field in reader.fields.items():

@@ -207,9 +207,24 @@ def from_params(
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """Memory-maps a .safetensors file into numpy arrays (bfloat16 via ml_dtypes)."""
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if 8 + header_len > size:
+                raise ValueError(f"a {header_len}-byte header in {size} bytes")
+            header = json.loads(f.read(header_len))
+        end = max((i["data_offsets"][1] for n, i in header.items() if n != "__metadata__"),
+                  default=0)  # fmt: skip
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({e}); download or save it again."
+        ) from None
+    if 8 + header_len + end > size:
+        raise ValueError(
+            f"{path} is truncated: its header lists {8 + header_len + end} bytes, the file has "
+            f"{size} (an interrupted download or copy?); download or save it again."
+        )
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
     out = {}
     for name, info in header.items():
@@ -227,7 +242,14 @@ def _read_hf_dir(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{config_path} not found: a HF model directory needs config.json")
     with open(config_path) as f:
-        config = LlamaConfig.from_hf(json.load(f))
+        try:
+            hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{config_path} is not valid JSON ({e}; cut short?); copy the model's "
+                "config.json there again."
+            ) from None
+    config = LlamaConfig.from_hf(hf)
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
     if os.path.isfile(index):

@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kjax import checkpoint, sharding
+from kjax import checkpoint, sharding, writer_lock
 from kjax.models import Llama, LlamaConfig
 from kjax.rl import multihost, sft
 from kjax.rl.config import EvalSplit, ModelKind, Objective, TrainConfig, to_json
@@ -66,6 +66,7 @@ class Components:
     log: Callable
     sample_sharding: NamedSharding
     to_sampler: Callable
+    lock: Any = None  # the workdir's writer lock (kjax.writer_lock), held until close()
 
     @property
     def overlaps(self) -> bool:
@@ -77,6 +78,8 @@ class Components:
         self.metrics.close()
         if self.pool is not None:
             self.pool.close()
+        if self.lock is not None:
+            self.lock.close()
 
 
 # Fields of a run's identity that say where files are, not what the run is: the warm
@@ -230,6 +233,17 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
     workdir = multihost.leader_first(
         "workdir", lambda: checkpoint.ensure_workdir(workdir, identity, where=WHERE, claim=False)
     )
+    # One writer per workdir: a second trainer is refused before it builds anything.
+    lock = writer_lock.acquire(workdir) if multihost.is_leader() else None
+    try:
+        return _build(cfg, workdir, log, identity, lock)
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+
+
+def _build(cfg: TrainConfig, workdir, log, identity, lock) -> tuple[Components, TrainState]:
     mesh, sampler_mesh = meshes(cfg)
     model_config, params, tokenizer = build_model(cfg, mesh)
     task = multihost.leader_first("data", lambda: load_task(cfg, tokenizer, workdir / "data"))
@@ -273,6 +287,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         log=log,
         sample_sharding=NamedSharding(sampler_mesh or mesh, P(sharding.RULES["batch"])),
         to_sampler=_to_sampler(sampler_mesh),
+        lock=lock,
     )
     return components, state
 
@@ -351,7 +366,13 @@ def _warn_lag(cfg: TrainConfig, log) -> None:
     }[rl.lag_correction.name]
     if rl.lag_correction.name != "NONE":
         how += _unweighted_terms(rl)
+    ago = f"{rl.policy_lag} update(s) ago"
+    if rl.policy_lag >= cfg.steps:  # said plainly: no rollout is from a trained policy
+        ago = (
+            f"the initial ones: rl.policy_lag >= steps={cfg.steps}, so no rollout comes from "
+            "a trained policy (lower rl.policy_lag, or raise steps, if that is not meant)"
+        )
     log(
         f"note: rl.policy_lag={rl.policy_lag}: each rollout comes from the parameters of "
-        f"{rl.policy_lag} update(s) ago, and rl.lag_correction={rl.lag_correction.name} {how}."
+        f"{ago}, and rl.lag_correction={rl.lag_correction.name} {how}."
     )

@@ -367,6 +367,49 @@ class TrainConfig:
                 self.batch_prompts,
             )
 
+    # Settings that would run, but not as a user reading them expects: refused up front.
+    def _check_silent_settings(self) -> None:
+        need(
+            not self.model.path or self.model.kind is ModelKind.HF_DIR,
+            "model.path",
+            f"is set but model.kind is {self.model.kind.name}, which never reads it (the run "
+            "would train another model); add --config.model.kind=hf_dir to train the folder's "
+            "model, or drop model.path",
+            self.model.path,
+        )
+        lag, sampler = self.rl.policy_lag, self.mesh.sampler_devices
+        if not lag:
+            need(
+                self.rl.lag_correction is not LagCorrection.EXACT,
+                "rl.lag_correction",
+                "is EXACT at rl.policy_lag=0, which is not a no-op (it re-weights every update "
+                "by the sequence ratios, so the loss and the checkpoints differ from the plain "
+                "run's in the last bits); set rl.lag_correction=NONE, or rl.policy_lag >= 1",
+                "EXACT",
+            )
+            need(
+                not sampler,
+                "mesh.sampler_devices",
+                "is a sampling group, which draws step t + rl.policy_lag's rollouts while the "
+                "other devices run step t's update; at rl.policy_lag=0 nothing overlaps, so "
+                "each group idles while the other works. Set rl.policy_lag >= 1, or "
+                "mesh.sampler_devices=0",
+                sampler,
+            )
+        # lag >= steps is allowed (a smoke budget of a lagged table) but named in the run's
+        # log: every rollout then comes from the initial parameters (components._warn_lag).
+
+    def _sampler_note(self, devices: int) -> str:
+        """What a mesh error needs to say when the sampling group took some devices."""
+        s = self.mesh.sampler_devices
+        if not s:
+            return ""
+        return (
+            f" (mesh.sampler_devices={s} took {s} of the {devices} devices for sampling; the "
+            f"training mesh has the other {devices - s}: size the mesh and batch for those, "
+            "or lower mesh.sampler_devices)"
+        )
+
     def ks(self) -> tuple[int, ...]:
         """Every k the objective takes during the run (one entry for MEAN and mixtures)."""
         return self.k_schedule.values() if self.k_schedule is not None else (self.objective.k,)
@@ -430,13 +473,18 @@ class TrainConfig:
             self.sft.steps,
         )
         self._check_lag(devices)
-        devices = self.mesh.training_devices(devices)
-        batch_devices = self.mesh.batch_devices(devices)
+        self._check_silent_settings()
+        total, devices = devices, self.mesh.training_devices(devices)
+        try:
+            batch_devices = self.mesh.batch_devices(devices)
+        except ValueError as e:
+            raise ValueError(f"{str(e).rstrip('.')}{self._sampler_note(total)}.") from None
         parts = self.rl.minibatches * self.rl.microbatches * batch_devices
         need(
             self.batch_prompts % parts == 0,
             "batch_prompts",
-            f"must be a multiple of rl.minibatches * rl.microbatches * data*fsdp devices = {parts}",
+            f"must be a multiple of rl.minibatches * rl.microbatches * data*fsdp devices = {parts}"
+            f"{self._sampler_note(total)}",
             self.batch_prompts,
         )
         need(

@@ -459,11 +459,39 @@ def resume(
         pending = collections.deque(
             _unpack_pending(i, a) for i, a in zip(infos, tree["pending"], strict=True)
         )
+        _check_extension(c, int(state.step), len(pending))
     else:
         (state, meta), pending = c.checkpointer.restore(state), collections.deque()
     c.metrics.resume(int(state.step))
     c.log(f"resumed from step {int(state.step)} in {c.workdir}")
     return state, loader.Position(**meta["position"]), pending
+
+
+def _check_extension(c: Components, step: int, pending: int) -> None:
+    """Refuses to extend a lagged run past the steps it was drawing rollouts for.
+
+    A run of S steps at lag d draws no rollouts for steps S .. S + d - 1, and a run of more
+    steps would have drawn them from the parameters of steps S - d .. S - 1, which are not
+    kept: an extended run could not be the run that had the higher step count from the
+    start, so it is refused rather than silently made different (a synchronous run
+    extends exactly)."""
+    lag, steps = c.cfg.rl.policy_lag, c.cfg.steps
+    if pending >= min(lag, steps - step):
+        return
+    drawn = step + pending
+
+    def span(a: int, b: int) -> str:
+        return f"step {a}" if a == b else f"steps {a} to {b}"
+
+    raise ValueError(
+        f"workdir {c.workdir} holds a lagged run (rl.policy_lag={lag}) checkpointed at step "
+        f"{step} with rollouts drawn up to step {drawn}, and steps={steps} asks for more: "
+        f"the rollouts of {span(drawn, min(step + lag, steps) - 1)} would have come from the "
+        f"parameters of {span(drawn - lag, min(step, steps - lag) - 1)}, which the run did "
+        "not keep, so the extended run could not equal one trained for "
+        f"{steps} steps from the start. Train {steps} steps in a new --workdir, or set "
+        f"steps back to {drawn} (experiment.json too)."
+    )
 
 
 def _pending_like(c: Components, info: dict) -> dict:

@@ -74,9 +74,24 @@ def module_of(kind: str) -> types.ModuleType:
             f"`config.task.kind` {kind!r}: cannot import the task module ({e}); check the "
             "path and that its package is installed."
         ) from None
+    except Exception as e:  # the module itself fails: a syntax error, a raise at import
+        raise ValueError(
+            f"`config.task.kind` {kind!r}: the task module failed while importing "
+            f"({type(e).__name__}); fix it and rerun. Its traceback:\n{_user_traceback(e)}"
+        ) from None
     register(module)
     _REGISTRY.setdefault(kind, module)  # reachable by its path as well as its kind
     return module
+
+
+def _user_traceback(e: BaseException) -> str:
+    """e's traceback without the import machinery's frames: the user's own code only."""
+    import traceback
+
+    tb = traceback.extract_tb(e.__traceback__)
+    frames = [f for f in tb if "importlib" not in f.filename and f.filename != __file__]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(type(e), e)
+    return "".join(lines).rstrip()
 
 
 def config_class(kind: str) -> type[TaskConfig]:

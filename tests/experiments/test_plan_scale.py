@@ -62,6 +62,31 @@ def test_bad_input_exits_2_naming_it(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "args, message, fixed",
+    [
+        (["--topology=v5e:3x3"], "--topology=v5e:3x3: v5e comes in 2x2, 2x4", "--topology=v5e:4x4"),
+        (["--topology=h100:0"], "--topology=h100:0: h100 comes in 1, 2, 4, 8", "--topology=h100:8"),
+        (["--topology=v5p:2x2x2", "--mesh=1,x,2"], "--mesh must be data,fsdp,tensor (three ints",
+         "--mesh=1,4,2"),
+        (["--topology=v5p:2x2x2", "--mesh=1,2,2"], "--mesh=1,2,2 uses 4 devices but "
+         "--topology=v5p:2x2x2 has 8", "--mesh=2,2,2"),
+    ],
+)  # fmt: skip
+def test_arguments_are_checked_before_the_environment(args, message, fixed, capsys, monkeypatch):
+    """Each bad flag is named even where the compiler is missing (libtpu, CUDA); the
+    corrected flag gets past the checks to the environment's own message."""
+    monkeypatch.setattr(scale, "libtpu_missing", lambda t: "libtpu is not installed (stand-in)")
+    argv = [f"--config={PRESET}", "--model=llama-3.1-8b"]
+    assert plan_scale.main([*argv, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "libtpu" not in err and "Traceback" not in err
+    flag = fixed.partition("=")[0]
+    corrected = [fixed if a.startswith(flag + "=") else a for a in args]
+    assert plan_scale.main([*argv, *corrected]) == 2
+    assert "libtpu is not installed (stand-in)" in capsys.readouterr().err
+
+
 def test_docs_scale_table_is_the_committed_plans():
     """Every row of docs/scale.md's table comes from a committed --out summary."""
     root = pathlib.Path(__file__).parents[2]
