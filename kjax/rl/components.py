@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kjax import checkpoint, sharding
-from kjax.models import Llama, LlamaConfig
+from kjax.models import Llama, LlamaConfig, lora
 from kjax.rl import multihost, sft
 from kjax.rl.config import EvalSplit, ModelKind, Objective, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
@@ -186,6 +186,17 @@ def build_model(cfg: TrainConfig, mesh: Mesh):
     return model.config, model.params(), tokenizer
 
 
+# Folded into the run's seed for the adapters' initialization, apart from every other draw.
+_LORA_STREAM = 0x10A
+
+
+def attach_lora(cfg: TrainConfig, params):
+    """params with fresh LoRA adapters when cfg.model.lora.rank > 0 (after the warm start,
+    which trains the whole model), else params; A from the run's seed, B = 0."""
+    key = jax.random.fold_in(jax.random.key(cfg.seed), _LORA_STREAM)
+    return lora.attach(params, cfg.model.lora, key)
+
+
 def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log):
     """params after the SFT warm start (cached by identity in cfg.sft.cache_dir)."""
     if not cfg.sft.steps:
@@ -238,6 +249,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
             f"{len(held_out)} problems; every evaluation scores those {len(held_out)}."
         )
     params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
+    params = attach_lora(cfg, params)
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
