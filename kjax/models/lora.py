@@ -254,6 +254,20 @@ def save_peft(params: Params, out_dir: str, base_model: str = "") -> None:
     )
 
 
+def save_hf(params: Params, config, out_dir: str, base_model: str = "") -> None:
+    """Exports an adapted model two ways: out_dir holds the merged dense model
+    (kjax.models.save_hf of merge(params): transformers' from_pretrained reads it alone)
+    and out_dir/adapter the PEFT adapter directory to load onto the base model
+    (`base_model` is recorded as its base_model_name_or_path)."""
+    import os
+
+    from kjax.models.weights import from_params
+    from kjax.models.weights import save_hf as save_dense
+
+    save_dense(from_params(config, jax.device_get(merge(params))), out_dir)
+    save_peft(params, os.path.join(out_dir, "adapter"), base_model)
+
+
 def fingerprint(frozen: Params) -> str:
     """sha256 (hex) of the frozen base: every leaf's path, dtype, shape and bytes, in path
     order. What a checkpoint of adapters records, so they are never resumed onto another

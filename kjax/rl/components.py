@@ -45,6 +45,8 @@ class Components:
       sampling group's data axis under mesh.sampler_devices).
     to_sampler: params on the training mesh -> the params the sampler reads (the same
       arrays, or a copy resharded onto the sampling group).
+    base_id: under LoRA, lora.fingerprint of the frozen base: checkpoints then hold the
+      adapters and this identity, never the base (None: full fine-tuning).
     """
 
     cfg: TrainConfig
@@ -66,6 +68,7 @@ class Components:
     log: Callable
     sample_sharding: NamedSharding
     to_sampler: Callable
+    base_id: str | None = None
 
     @property
     def overlaps(self) -> bool:
@@ -250,6 +253,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         )
     params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
     params = attach_lora(cfg, params)
+    base_id = lora.fingerprint(lora.split(params)[1]) if cfg.model.lora.enabled else None
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
@@ -282,6 +286,7 @@ def build_components(cfg: TrainConfig, workdir, log=print) -> tuple[Components, 
         log=log,
         sample_sharding=NamedSharding(sampler_mesh or mesh, P(sharding.RULES["batch"])),
         to_sampler=_to_sampler(sampler_mesh),
+        base_id=base_id,
     )
     return components, state
 

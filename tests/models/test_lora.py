@@ -201,3 +201,29 @@ def test_split_join_and_merge_leave_a_plain_model_unchanged():
     assert lora.fingerprint(frozen) == lora.fingerprint(lora.split(_adapted(params, 9))[1])
     moved = {**frozen, "final_norm": frozen["final_norm"] + 1e-3}
     assert lora.fingerprint(moved) != lora.fingerprint(frozen)
+
+
+def test_save_hf_writes_merged_model_and_adapter_peft_loads(tmp_path):
+    import peft
+    import transformers
+
+    hf = _hf("qwen2", seed=8)
+    model = kjax_from_hf(hf)
+    adapted = _adapted(model.params(), seed=8, targets=(Projection.Q, Projection.O, Projection.UP))
+    lora.save_hf(adapted, model.config, str(tmp_path), base_model="tiny-qwen2")
+    tokens, mask = _tokens(8)
+    ours = np.asarray(_forward(adapted, model.config, tokens, None, mask))
+    positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)
+    inputs = dict(
+        input_ids=torch.tensor(tokens, dtype=torch.long),
+        attention_mask=torch.tensor(mask, dtype=torch.long),
+        position_ids=torch.tensor(positions, dtype=torch.long),
+    )
+    loaded = peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+    with torch.no_grad():
+        via_peft = loaded(**inputs).logits.numpy()
+        via_merged = merged(**inputs).logits.numpy()
+    real = mask.astype(bool)
+    np.testing.assert_allclose(ours[real], via_peft[real], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(ours[real], via_merged[real], atol=2e-5, rtol=0)
