@@ -71,6 +71,7 @@ __all__ = [
     "MeanBaseline",
     "MeshConfig",
     "ModelConfig",
+    "LoraConfig",
     "ModelKind",
     "Objective",
     "ObjectiveConfig",

@@ -13,7 +13,7 @@ import pytest
 
 from kjax.models import lora
 from kjax.rl import forward, loop
-from kjax.rl.config import PolicyLoss, StepConfig
+from kjax.rl.config import ModelConfig, PolicyLoss, StepConfig, TrainConfig, override, to_json
 from kjax.rl.train_step import TrainState, init_train_state, loss_fn, make_train_step, shardings_of
 from tests.rl.rl_helpers import CONFIG, mesh, random_batch, tiny_params
 
@@ -100,3 +100,16 @@ def test_checkpoints_hold_adapters_and_refuse_another_base():
     c.base_id = lora.fingerprint(lora.split(other.params)[1])
     with pytest.raises(ValueError, match=f"fingerprint {base_id}.*fingerprint {c.base_id}"):
         loop._from_disk(c, saved, {"lora_base": base_id}, other)
+
+
+def test_lora_config_from_the_command_line_and_experiment_json():
+    cfg = override(TrainConfig(), {"model.lora.rank": "16", "model.lora.targets": "v,q,down"})
+    assert cfg.model.lora == lora.LoraConfig(
+        rank=16, targets=(lora.Projection.Q, lora.Projection.V, lora.Projection.DOWN)
+    )
+    ident = to_json(cfg)["model"]
+    assert ident["lora"]["targets"] == ["q", "v", "down"]
+    assert ModelConfig(**ident) == cfg.model  # what experiments.evaluate rebuilds
+    assert "lora" not in to_json(TrainConfig())["model"]  # older workdirs still resume
+    with pytest.raises(ValueError, match="dropout` must be 0"):
+        override(TrainConfig(), {"model.lora.rank": "4", "model.lora.dropout": "0.1"})

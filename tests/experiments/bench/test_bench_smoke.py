@@ -66,12 +66,13 @@ def test_bench_verifiers_smoke_scores_math_and_says_why_code_is_skipped(tmp_path
 
 
 def test_bench_model_smoke_reports_both_implementations_against_the_peak(capsys):
-    bench_model.main(["--smoke"])
+    bench_model.main(["--smoke", "--lora", "2"])
     text = capsys.readouterr().out
     assert text.startswith("smoke model (2 layers, family llama), [B,S]=[2,16], float32")
-    assert "float32 matmul peak" in text
+    assert "float32 matmul peak" in text and "LoRA r2 update / full update" in text
     rows = _table(text, "| implementation |")
-    assert [r[0] for r in rows] == ["kjax (JAX)", "transformers (PyTorch)"]
+    names = ["kjax (JAX)", "transformers (PyTorch)", "kjax LoRA r2, base frozen (JAX)"]
+    assert [r[0] for r in rows] == names
     for r in rows:
         assert float(r[1]) > 0 and float(r[3]) > 0, r  # fwd and fwd+bwd tok/s
         assert r[2].endswith("%)") and r[4].endswith("%)"), r  # GFLOP/s (MFU)
