@@ -141,13 +141,15 @@ def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_pat
     assert len(_table(text, "| shape | params |")) == 1
 
 
-def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys):
+@pytest.mark.parametrize("lora", [[], ["--lora", "2"]], ids=["full", "lora"])
+def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys, lora):
     out = tmp_path / "trl.json"
-    assert bench_trl.main(["--smoke", "--out", str(out)]) == 0
+    assert bench_trl.main(["--smoke", "--out", str(out), *lora]) == 0
     result = json.loads(out.read_text())
     kjax, smoke = result["kjax"], bench_trl.SMOKE
     assert result["trl"] is None and result["trl_over_kjax"] is None
     config = kjax["config"]
+    assert config["lora_rank"] == (2 if lora else 0)
     assert (config["B"], config["N"], config["T"]) == (
         smoke["prompts"],
         smoke["samples"],
