@@ -16,8 +16,6 @@ them into dense weights (W + s A B) for export and for the exactness tests.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hashlib
 import math
 from typing import Any
@@ -26,24 +24,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kjax._fields import check_int, coerce_enum, is_real
+# The config lives in a jax-free module that kjax.rl.config (a leaf) can import.
+from kjax.lora_config import ALL, LoraConfig, Projection, coerce
+
+__all__ = [
+    "ALL",
+    "HF_MODULES",
+    "LoraConfig",
+    "Projection",
+    "attach",
+    "coerce",
+    "delta",
+    "fingerprint",
+    "has_adapters",
+    "is_adapter",
+    "join",
+    "merge",
+    "peft_config",
+    "peft_tensors",
+    "save_hf",
+    "save_peft",
+    "split",
+    "targets_of",
+]
 
 Params = dict[str, Any]
 
 
-class Projection(enum.Enum):
-    """A projection LoRA can adapt, by its llama.py name (PEFT's target module)."""
-
-    Q = "q"
-    K = "k"
-    V = "v"
-    O = "o"  # noqa: E741 (the attention output projection's name)
-    GATE = "gate"
-    UP = "up"
-    DOWN = "down"
-
-
-ALL = tuple(Projection)
 # llama.py name -> (inputs contracted by the projection, PEFT/transformers module path).
 _N_IN = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 HF_MODULES = {
@@ -56,57 +63,6 @@ HF_MODULES = {
     "down": "mlp.down_proj",
 }
 _SUFFIXES = ("_lora_a", "_lora_b")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraConfig:
-    """rank: r (0 = off: full fine-tuning); alpha: PEFT's lora_alpha (scale alpha / r);
-    dropout: must be 0 (a dropout mask would make the update's log-probs differ from the
-    sampler's, so the PPO ratio would no longer be 1 on-policy); targets: the projections
-    adapted (`--config.model.lora.targets=q,v`)."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: tuple[Projection, ...] = ALL
-
-    def __post_init__(self):
-        check_int(self.rank, "config.model.lora.rank", 0)
-        if not is_real(self.alpha) or not self.alpha > 0:
-            raise ValueError(f"`config.model.lora.alpha` must be a number > 0; got {self.alpha!r}.")
-        if self.dropout != 0:
-            raise ValueError(
-                f"`config.model.lora.dropout` must be 0; got {self.dropout!r}: kjax's LoRA has "
-                "no dropout (the update's log-probs must be the sampler's, or PPO's ratio is "
-                "not 1 on-policy). Set it to 0."
-            )
-        targets = self.targets
-        if isinstance(targets, str):
-            targets = tuple(t for t in targets.replace(" ", "").split(",") if t)
-        field = "config.model.lora.targets"
-        targets = tuple(coerce_enum(t, Projection, field) for t in targets)
-        if not targets or len(set(targets)) != len(targets):
-            raise ValueError(f"`{field}` must name distinct projections of {ALL}; got {targets}.")
-        object.__setattr__(self, "targets", tuple(p for p in ALL if p in targets))
-        object.__setattr__(self, "alpha", float(self.alpha))
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scale(self) -> float:
-        """PEFT's scaling alpha / r."""
-        return self.alpha / self.rank
-
-
-def coerce(value) -> LoraConfig:
-    """A LoraConfig from itself or its to_json dict (experiment.json)."""
-    if isinstance(value, LoraConfig):
-        return value
-    if isinstance(value, dict):
-        return LoraConfig(**value)
-    raise ValueError(f"`config.model.lora` must be a LoraConfig; got {value!r}.")
 
 
 def is_adapter(name: str) -> bool:

@@ -19,8 +19,8 @@ from kjax import tasks
 from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
-from kjax.models.lora import LoraConfig
-from kjax.models.lora import coerce as coerce_lora
+from kjax.lora_config import LoraConfig
+from kjax.lora_config import coerce as coerce_lora
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.rl.objective_config import (
     IDENTITY_IF_SET,
