@@ -277,9 +277,7 @@ def table(kjax: dict, trl: dict | None) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     mode = f", LoRA r{k['lora_rank']}" if k.get("lora_rank") else ""
-    sides = [
-        ("kjax", kjax, k["objective"] + mode, f"XLA ({os.cpu_count()} cores; {k['devices']})")
-    ]
+    sides = [("kjax", kjax, k["objective"] + mode, f"XLA ({os.cpu_count()} cores; {k['devices']})")]
     if trl is not None:
         sides.append(("TRL", trl, TRL_OBJECTIVE + mode, f"torch {trl['config']['threads']}"))
     for name, r, objective, threads in sides:
