@@ -51,6 +51,9 @@ setup(
             "torch==2.13.0",
             # transformers needs it to load a GGUF (the SmolLM2 parity reference).
             "accelerate>=1.0",
+            # PEFT's PyTorch LoRA: the reference of kjax.models.lora and the loader its
+            # exported adapter directories are tested with.
+            "peft==0.21.2",
         ],
         # The TPU compiler, to compile kjax for a TPU topology on any machine
         # (experiments.plan_scale, tests/test_scale.py): the libtpu that jax[tpu] pins

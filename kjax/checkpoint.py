@@ -195,6 +195,13 @@ def read_params(directory: str | os.PathLike, like: Any) -> tuple[Any, int]:
     raise FileNotFoundError(f"{directory}: every checkpoint was replaced while being read")
 
 
+def read_meta(directory: str | os.PathLike, step: int) -> dict:
+    """The JSON metadata saved beside checkpoint `step`'s state (data position, a LoRA
+    run's base fingerprint), read-only; {} where the step has none."""
+    path = pathlib.Path(directory) / str(step) / "meta" / "metadata"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def has_checkpoint(directory: str | os.PathLike) -> bool:
     """Whether `directory` holds a complete checkpoint (an orbax step folder), read without
     creating anything (a Checkpointer creates its directory)."""

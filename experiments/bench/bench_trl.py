@@ -17,6 +17,9 @@ the figures are noisy. Without the TRL env it exits non-zero saying how to make 
 char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4, one
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
+--lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
+the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig; the TRL side
+with LoRA has not been run yet: no TRL env on the machine that added it).
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
 thread count (2; 1 thread is slower when the machine is quiet), kjax's prompts fitted to the
 data (S = 64; TRL's are 49 tokens unpadded): 2 x 4 x 16, two runs (the first at 2ec25f9,
@@ -59,6 +62,7 @@ from kjax.data.loader import Position
 from kjax.models import fetch
 from kjax.rl import loop
 from kjax.rl.config import (
+    LoraConfig,
     LossAggregation,
     MeanBaseline,
     Objective,
@@ -91,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trl_python", default="", help="the TRL env's python ($KJAX_TRL_PYTHON)")
     p.add_argument("--out", default="", help="also write the results as JSON here")
     p.add_argument("--smoke", action="store_true", help="tiny model, 8 x 2 x 4, kjax only")
+    p.add_argument(
+        "--lora", type=int, default=0, help="LoRA rank R on every projection, alpha 2R (0: full)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         vars(args).update(SMOKE)
@@ -99,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1; got {getattr(args, name)}.")
     if args.samples < 2:
         p.error("--samples must be >= 2 (a group baseline needs two samples).")
+    if args.lora < 0:
+        p.error(f"--lora must be >= 0 (0: the full update); got {args.lora}.")
     return args
 
 
@@ -133,6 +142,9 @@ def config(args):
         cfg = smollm2_arith.get_config("mean")
     steps = args.warmup + args.steps
     task = cfg.task
+    if args.lora:
+        lora = LoraConfig(rank=args.lora, alpha=2.0 * args.lora)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=lora))
     if args.prompt_tokens:
         task = dataclasses.replace(task, max_prompt_tokens=args.prompt_tokens)
     return dataclasses.replace(
@@ -215,6 +227,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             "T": cfg.max_new_tokens,
             "S": S,
             "objective": KJAX_OBJECTIVE,
+            "lora_rank": cfg.model.lora.rank,
             "dtype": cfg.model.dtype.value,
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "warmup": warmup,
@@ -240,6 +253,7 @@ def run_trl(args, python: str, rows: list[dict], workdir: str) -> dict:
         f"--threads={args.threads}",
         f"--learning_rate={smollm2_arith.BASE.optimizer.learning_rate}",
         f"--out={out}",
+        *([f"--lora_rank={args.lora}", f"--lora_alpha={2.0 * args.lora}"] if args.lora else []),
     ]
     print("TRL:", " ".join(cmd), flush=True)
     done = subprocess.run(cmd, stdout=sys.stderr)  # keep stdout for the table
@@ -262,9 +276,10 @@ def table(kjax: dict, trl: dict | None) -> str:
         "| completion tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    sides = [("kjax", kjax, k["objective"], f"XLA ({os.cpu_count()} cores; {k['devices']})")]
+    mode = f", LoRA r{k['lora_rank']}" if k.get("lora_rank") else ""
+    sides = [("kjax", kjax, k["objective"] + mode, f"XLA ({os.cpu_count()} cores; {k['devices']})")]
     if trl is not None:
-        sides.append(("TRL", trl, TRL_OBJECTIVE, f"torch {trl['config']['threads']}"))
+        sides.append(("TRL", trl, TRL_OBJECTIVE + mode, f"torch {trl['config']['threads']}"))
     for name, r, objective, threads in sides:
         lines.append(
             f"| {name} | {objective} | {shape} | {threads} | {r['median_s']:.3f} | "

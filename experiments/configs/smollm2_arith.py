@@ -8,7 +8,14 @@ x 16 tokens took ~35 s, so on CPU use it as a pipeline check (--config.steps=1
 that 1-step CPU smoke run (it completes; the untuned model's answers are
 mostly wrong; on 2-digit problems it wrote e.g. "77 - 28 = 13."), so no expected
 figures are claimed yet.
-Presets: mean, passk.
+Presets: mean, passk, lora (passk with rank-16 LoRA adapters on every projection, alpha 32,
+the base frozen; learning rate 5e-5, the usual LoRA order of magnitude, not tuned yet).
+LoRA on CPU, end to end (2026-12-06, 2 cores shared by six jobs, load ~20):
+python -m experiments.train --config=experiments/configs/smollm2_arith.py:lora
+--workdir=/tmp/sl --config.steps=2 --config.batch_prompts=2 --config.samples=4
+--config.max_new_tokens=16 --config.objective.k=2 --config.eval.problems=2
+--config.eval.n_eval=4, then python -m experiments.evaluate --workdir=/tmp/sl --problems=2
+--n=4: both complete; no figures are claimed from it.
 """
 
 import dataclasses
@@ -17,6 +24,7 @@ from kjax.rl.config import (
     ArithConfig,
     CheckpointConfig,
     EvalConfig,
+    LoraConfig,
     ModelConfig,
     ModelKind,
     Objective,
@@ -47,10 +55,17 @@ BASE = TrainConfig(
     checkpoint=CheckpointConfig(every=10, keep=2),
 )
 
+PASSK = dataclasses.replace(
+    BASE, name="smollm2_arith_passk", objective=ObjectiveConfig(Objective.MAX_AT_K, k=4)
+)
 PRESETS = {
     "mean": dataclasses.replace(BASE, name="smollm2_arith_mean"),
-    "passk": dataclasses.replace(
-        BASE, name="smollm2_arith_passk", objective=ObjectiveConfig(Objective.MAX_AT_K, k=4)
+    "passk": PASSK,
+    "lora": dataclasses.replace(
+        PASSK,
+        name="smollm2_arith_passk_lora",
+        model=dataclasses.replace(BASE.model, lora=LoraConfig(rank=16, alpha=32.0)),
+        optimizer=dataclasses.replace(BASE.optimizer, learning_rate=5e-5),
     ),
 }
 

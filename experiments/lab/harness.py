@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from experiments.lab.claims import Claim, MetricKey
 from experiments.lab.tuning import Tuning
+from kjax.lora_config import LoraConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +216,7 @@ _LATER_DEFAULTS = {
     "sampler_compact_floor": 0,  # the static sampler (kjax.sampling)
     "rl.pack": "OFF",  # the padded update (kjax.rl.packing)
     "model.attention": "AUTO",  # jnp on CPU (kjax.models.attention)
+    "model.lora": dataclasses.asdict(LoraConfig()),  # full fine-tuning (kjax.models.lora)
 }
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from kjax import checkpoint, evaluation, inference, objectives, sharding, tasks
 from kjax.data import loader
 from kjax.files import write_atomic, write_figure
-from kjax.models import llama
+from kjax.models import llama, lora
 from kjax.rl import task as task_lib
 from kjax.rl.config import (
     ArithConfig,
@@ -110,8 +110,14 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
                 f"no checkpoint in {run_dir}/checkpoints; train the run first (experiments.train)"
             )
         one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        if cfg.model.lora.enabled:  # a LoRA run's checkpoint holds the adapters only
+            key = jax.random.key(0)
+            params = jax.eval_shape(lambda: lora.split(lora.attach(init(), cfg.model.lora, key))[0])
         like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), params)
-        params, _ = checkpoint.read_params(run_dir / "checkpoints", like)
+        params, step = checkpoint.read_params(run_dir / "checkpoints", like)
+        if cfg.model.lora.enabled:
+            base_id = checkpoint.read_meta(run_dir / "checkpoints", step).get("lora_base")
+            params = _on_lora_base(cfg, ident, run_dir, params, base_id, init)
     if task is not None and task != cfg.task:
         if (
             cfg.model.kind is ModelKind.TINY
@@ -126,6 +132,32 @@ def load_policy(run_dir, *, problems: int, restore: bool = True, task=None) -> P
     task = task_lib.load_task(cfg, tokenizer, run_dir / "data")
     vocab = min(getattr(task.tokenizer, "vocab_size", None) or 1 << 62, model_config.vocab_size)
     return Policy(cfg, model_config, params, task, vocab)
+
+
+def _on_lora_base(cfg, ident: dict, run_dir: pathlib.Path, adapters, base_id, init):
+    """A LoRA run's checkpointed adapters joined to its frozen base, rebuilt as the run
+    built it (the model, then the cached SFT warm start if the run had one), refused
+    unless its fingerprint is the one the checkpoint recorded."""
+    base = init()
+    sft = ident.get("sft", {})
+    if sft.get("steps"):
+        cached = pathlib.Path(sft.get("cache_dir") or run_dir / "sft") / "params"
+        ckpt = checkpoint.Checkpointer(cached, checkpoint.CheckpointConfig(async_save=False))
+        with ckpt:
+            if ckpt.latest_step() is None:
+                raise FileNotFoundError(
+                    f"{run_dir} is a LoRA run on an SFT warm start, whose cache {cached} is "
+                    "gone: rerun experiments.train with the same config to rebuild it"
+                )
+            base = ckpt.restore({"params": base})[0]["params"]
+    frozen = lora.split(lora.attach(base, cfg.model.lora, jax.random.key(0)))[1]
+    if lora.fingerprint(frozen) != base_id:
+        raise ValueError(
+            f"{run_dir}'s LoRA adapters were trained on the base with fingerprint {base_id}, "
+            f"but the base rebuilt from its config has {lora.fingerprint(frozen)}: the model "
+            "file or the SFT warm start changed; restore the original base"
+        )
+    return lora.join(adapters, jax.device_put(frozen, jax.devices()[0]))
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

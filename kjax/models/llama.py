@@ -198,6 +198,17 @@ def _dense(x, w, n_in: int = 1):
     return (x.reshape(-1, w2.shape[0]) @ w2).reshape(*lead, *out)
 
 
+def _project(x, layer: Params, name: str, n_in: int = 1):
+    """Projection `name` of x: x W, plus s (x A) B when layer carries its LoRA adapters
+    (kjax.models.lora). Unmerged, so an adapter update never forms the [in, out] weight
+    gradient x^T dy of the frozen W, the slow matmul of a CPU update."""
+    y = _dense(x, layer[name], n_in)
+    if f"{name}_lora_a" not in layer:
+        return y
+    down = _dense(x, layer[f"{name}_lora_a"], n_in) * layer["lora_scale"].astype(x.dtype)
+    return y + _dense(down, layer[f"{name}_lora_b"])
+
+
 def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
     """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k.
 
@@ -207,7 +218,7 @@ def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
 
     def project(name):
-        y = _dense(h, layer[name])
+        y = _project(h, layer, name)
         if config.qkv_bias:
             y = y + layer[f"{name}_bias"].astype(y.dtype)
         return _name(y, name)
@@ -352,10 +363,10 @@ def merge_attention(parts):
 
 def layer_out(layer: Params, config: LlamaConfig, x, attn):
     """Residual block tail: x + o(attn), then x + SwiGLU(norm(x)); x [B,S,D], attn [B,S,H,E]."""
-    x = _name(x + _dense(attn, layer["o"], n_in=2), "x_mid")
+    x = _name(x + _project(attn, layer, "o", n_in=2), "x_mid")
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-    gate, up = _name(_dense(h, layer["gate"]), "gate"), _name(_dense(h, layer["up"]), "up")
-    return x + _dense(jax.nn.silu(gate) * up, layer["down"])
+    gate, up = _name(_project(h, layer, "gate"), "gate"), _name(_project(h, layer, "up"), "up")
+    return x + _project(jax.nn.silu(gate) * up, layer, "down")
 
 
 def unembed(params: Params, config: LlamaConfig, x):

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kjax import checkpoint, sharding, writer_lock
-from kjax.models import Llama, LlamaConfig
+from kjax.models import Llama, LlamaConfig, lora
 from kjax.rl import multihost, sft
 from kjax.rl.config import EvalSplit, ModelKind, Objective, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
@@ -45,6 +45,8 @@ class Components:
       sampling group's data axis under mesh.sampler_devices).
     to_sampler: params on the training mesh -> the params the sampler reads (the same
       arrays, or a copy resharded onto the sampling group).
+    base_id: under LoRA, lora.fingerprint of the frozen base: checkpoints then hold the
+      adapters and this identity, never the base (None: full fine-tuning).
     """
 
     cfg: TrainConfig
@@ -67,6 +69,7 @@ class Components:
     sample_sharding: NamedSharding
     to_sampler: Callable
     lock: Any = None  # the workdir's writer lock (kjax.writer_lock), held until close()
+    base_id: str | None = None
 
     @property
     def overlaps(self) -> bool:
@@ -192,6 +195,17 @@ def build_model(cfg: TrainConfig, mesh: Mesh):
     return model.config, model.params(), tokenizer
 
 
+# Folded into the run's seed for the adapters' initialization, apart from every other draw.
+_LORA_STREAM = 0x10A
+
+
+def attach_lora(cfg: TrainConfig, params):
+    """params with fresh LoRA adapters when cfg.model.lora.rank > 0 (after the warm start,
+    which trains the whole model), else params; A from the run's seed, B = 0."""
+    key = jax.random.fold_in(jax.random.key(cfg.seed), _LORA_STREAM)
+    return lora.attach(params, cfg.model.lora, key)
+
+
 def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log):
     """params after the SFT warm start (cached by identity in cfg.sft.cache_dir)."""
     if not cfg.sft.steps:
@@ -255,6 +269,8 @@ def _build(cfg: TrainConfig, workdir, log, identity, lock) -> tuple[Components, 
             f"{len(held_out)} problems; every evaluation scores those {len(held_out)}."
         )
     params = _warm_start(cfg, workdir, params, model_config, task, mesh, log)
+    params = attach_lora(cfg, params)
+    base_id = lora.fingerprint(lora.split(params)[1]) if cfg.model.lora.enabled else None
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
@@ -288,6 +304,7 @@ def _build(cfg: TrainConfig, workdir, log, identity, lock) -> tuple[Components, 
         sample_sharding=NamedSharding(sampler_mesh or mesh, P(sharding.RULES["batch"])),
         to_sampler=_to_sampler(sampler_mesh),
         lock=lock,
+        base_id=base_id,
     )
     return components, state
 

@@ -20,6 +20,8 @@ from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
 from kjax.attention_backend import AttentionBackend
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
+from kjax.lora_config import LoraConfig
+from kjax.lora_config import coerce as coerce_lora
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.rl.objective_config import (
     IDENTITY_IF_SET,
@@ -72,6 +74,7 @@ __all__ = [
     "MeanBaseline",
     "MeshConfig",
     "ModelConfig",
+    "LoraConfig",
     "ModelKind",
     "Objective",
     "ObjectiveConfig",
@@ -122,9 +125,12 @@ class ModelConfig:
     attention: AttentionBackend = dataclasses.field(
         default=AttentionBackend.AUTO, metadata=IDENTITY_IF_SET
     )
+    # Low-rank adapters on the RL update (rank 0: full fine-tuning); kjax.models.lora.
+    lora: LoraConfig = dataclasses.field(default=LoraConfig(), metadata=IDENTITY_IF_SET)
 
     def __post_init__(self):
         coerce_enums(self, "model.")
+        object.__setattr__(self, "lora", coerce_lora(self.lora))
         for field in (
             "hidden_size",
             "num_layers",
@@ -549,6 +555,8 @@ def _parse(current, text: str, path: str):
         return coerce_enum(text, type(current), f"config.{path}")
     if isinstance(current, tuple) and current and isinstance(current[0], Operator):
         return _operators(text)
+    if isinstance(current, tuple) and current and isinstance(current[0], enum.Enum):
+        return tuple(t for t in text.replace(" ", "").split(",") if t)  # the group coerces
     if isinstance(current, bool):
         if text.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"`config.{path}` must be true or false; got {text!r}.")

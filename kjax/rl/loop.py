@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import evaluation, objectives
 from kjax import progress as progress_lib
 from kjax.data import loader
+from kjax.models import lora
 from kjax.rewards.verdict import Verdicts
 from kjax.rl import multihost
 from kjax.rl import task as task_lib
@@ -451,6 +452,7 @@ def resume(
     if c.checkpointer.latest_step() is None:
         c.metrics.resume(-1)  # no row is kept, step 0's included
         return state, loader.Position(), collections.deque()
+    initial, state = state, _on_disk(c, state)
     if c.cfg.rl.policy_lag:
         infos = c.checkpointer.meta()["pending"]
         like = {"train": state, "pending": [_pending_like(c, i) for i in infos]}
@@ -462,6 +464,7 @@ def resume(
         _check_extension(c, int(state.step), len(pending))
     else:
         (state, meta), pending = c.checkpointer.restore(state), collections.deque()
+    state = _from_disk(c, state, meta, initial)
     c.metrics.resume(int(state.step))
     c.log(f"resumed from step {int(state.step)} in {c.workdir}")
     return state, loader.Position(**meta["position"]), pending
@@ -494,6 +497,30 @@ def _check_extension(c: Components, step: int, pending: int) -> None:
     )
 
 
+def _on_disk(c: Components, state: TrainState) -> TrainState:
+    """What a checkpoint holds of state: under LoRA the adapters only (the frozen base is
+    rebuilt from the run's config, and checked against c.base_id on resume)."""
+    if c.base_id is None:
+        return state
+    return state._replace(params=lora.split(state.params)[0])
+
+
+def _from_disk(c: Components, restored: TrainState, meta: dict, initial: TrainState):
+    """The full state of a restored checkpoint: its adapters on this run's frozen base,
+    refused when that base is not the one the adapters were trained on."""
+    if c.base_id is None:
+        return restored
+    saved = meta.get("lora_base")
+    if saved != c.base_id:
+        raise ValueError(
+            f"{c.checkpointer.directory} holds LoRA adapters trained on the base model with "
+            f"fingerprint {saved}, but this run's base (config.model, after its SFT warm "
+            f"start) has fingerprint {c.base_id}: the model file or warm start changed. "
+            "Restore the original base, or train in a new --workdir."
+        )
+    return restored._replace(params=lora.join(restored.params, lora.split(initial.params)[1]))
+
+
 def _pending_like(c: Components, info: dict) -> dict:
     replicated = NamedSharding(c.mesh, P())
     return {
@@ -514,6 +541,9 @@ def save(c: Components, step: int, state: TrainState, batches: Batches, pending,
     """Checkpoints state after `step` RL steps with the data position and, under
     rl.policy_lag, the pending rollouts (whose prompts the position has passed)."""
     meta = {"position": dataclasses.asdict(batches.position)}
+    if c.base_id is not None:
+        meta["lora_base"] = c.base_id
+    state = _on_disk(c, state)
     if not c.cfg.rl.policy_lag:
         c.checkpointer.save(step, state, meta, force=force)
         return

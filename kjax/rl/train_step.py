@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kjax import sharding
+from kjax.models import lora
 from kjax.models.config import LlamaConfig
 from kjax.rl import forward, losses, packing
 from kjax.rl.step_config import (
@@ -47,7 +48,8 @@ __all__ = [
 
 
 class TrainState(NamedTuple):
-    """params: model dict; opt_state: optax state; step: [] int32 RL steps done;
+    """params: model dict; opt_state: optax state of its trainable part (lora.split: the
+    adapters under LoRA, else everything); step: [] int32 RL steps done;
     rng: [2] uint32 key data (jax.random.key_data), the run's base key."""
 
     params: Any
@@ -401,12 +403,17 @@ def make_train_step(
         ref = frozen_logprobs(ref_params, batch, rows) if cfg.kl_coef > 0 else zeros
         minis = _split((batch, old, ref), cfg.minibatches, split_spec)
 
+        # Under LoRA only the adapters are differentiated and optimized: the frozen base
+        # enters the loss as a constant, so neither its gradient nor Adam moments exist.
+        trainable, frozen = lora.split(state.params)
+
         def update(carry, xs):
             """One optimizer update on minibatch m of epoch e."""
             (params, opt_state), (minibatch, first) = carry, xs
 
             def micro_loss(p, micro):
                 mb, old_lp, ref_lp = micro
+                p = lora.join(p, frozen)
                 return step_loss(
                     p,
                     mb,
@@ -429,7 +436,7 @@ def make_train_step(
             firsts = (e == 0) & (jnp.arange(cfg.minibatches) == 0)
             return jax.lax.scan(update, carry, (minis, firsts))
 
-        carry = (state.params, state.opt_state)
+        carry = (trainable, state.opt_state)
         carry, metrics = jax.lax.scan(epoch, carry, jnp.arange(cfg.epochs))
         per_update = jax.tree.map(lambda x: x.reshape(-1), metrics)  # [epochs * minibatches]
         out = {name: jnp.mean(v) for name, v in per_update.items()}
@@ -438,6 +445,7 @@ def make_train_step(
         )
         out["reward_mean"] = jnp.mean(batch.scores)
         params, opt_state = carry
+        params = lora.join(params, frozen)
         return TrainState(params, opt_state, state.step + 1, state.rng), out
 
     batch_shardings = RLBatch(*([batch_sh] * len(RLBatch._fields)))
@@ -454,14 +462,16 @@ def make_train_step(
 
 
 def optimizer_shardings(optimizer: optax.GradientTransformation, params, mesh: Mesh):
-    """NamedShardings of optimizer.init(params): a leaf shaped like a parameter, at a path
-    ending in that parameter's path (Adam's mu['layers']['q'] and params['layers']['q']),
-    is laid out like it; anything else (step counts) is replicated.
+    """NamedShardings of optimizer.init of params' trainable part (lora.split): a leaf
+    shaped like a parameter, at a path ending in that parameter's path (Adam's
+    mu['layers']['q'] and params['layers']['q']), is laid out like it; anything else
+    (step counts) is replicated.
 
     `jax.jit(optimizer.init)` alone replicated every moment on every device (zeros have
     no input to take a layout from): 4 bytes a parameter per chip in bfloat16.
     """
     replicated = NamedSharding(mesh, P())
+    params = lora.split(params)[0]
     by_path = {
         jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_leaves_with_path(params)
     }
@@ -478,11 +488,11 @@ def optimizer_shardings(optimizer: optax.GradientTransformation, params, mesh: M
 def init_train_state(
     params, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh
 ) -> TrainState:
-    """A TrainState on `mesh`: params as given (already sharded), optimizer state sharded
-    like the params it mirrors (optimizer_shardings), step 0, key data of `key`; scalars
-    replicated."""
+    """A TrainState on `mesh`: params as given (already sharded), optimizer state of their
+    trainable part (lora.split) sharded like the params it mirrors (optimizer_shardings),
+    step 0, key data of `key`; scalars replicated."""
     out = optimizer_shardings(optimizer, params, mesh)
-    opt_state = jax.jit(optimizer.init, out_shardings=out)(params)
+    opt_state = jax.jit(optimizer.init, out_shardings=out)(lora.split(params)[0])
     replicated = NamedSharding(mesh, P())
 
     def place(x):

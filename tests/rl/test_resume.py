@@ -35,12 +35,15 @@ def _losses(workdir):
 
 
 LAGGED = ["--config.rl.policy_lag=2", "--config.rl.lag_correction=EXACT"]
+LORA = ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,o,down"]
 
 
-@pytest.mark.parametrize("extra", [[], LAGGED], ids=["sync", "lag2"])
+@pytest.mark.parametrize("extra", [[], LAGGED, [*LORA, *LAGGED]], ids=["sync", "lag2", "lora_lag2"])
 def test_kill_9_then_rerun_is_bitwise_identical(tmp_path, extra):
     """lag2: the checkpoint also holds the two steps' rollouts drawn ahead (from older
-    parameters) and the data position past them; the resumed run uses them, not new ones."""
+    parameters) and the data position past them; the resumed run uses them, not new ones.
+    lora_lag2: it holds the adapters and the base's fingerprint, not the base, which the
+    rerun rebuilds from the config."""
     steps = ["--config.steps=18", "--config.optimizer.total_steps=18", *extra]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     # The uninterrupted run and the one to kill run side by side (2 cores).

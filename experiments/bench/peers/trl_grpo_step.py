@@ -106,6 +106,22 @@ def arith_reward(prompts, completions, answer, **kwargs) -> list[float]:
 # ---- the benchmark
 
 
+def lora_config(args):
+    """PEFT's LoRA on every projection (kjax's --lora: the same rank, alpha, targets and
+    dropout 0), or None for the full update. Not yet run in a TRL env (issue 47)."""
+    if not args.lora_rank:
+        return None
+    import peft
+
+    return peft.LoraConfig(
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=[f"{m}_proj" for m in ("q", "k", "v", "o", "gate", "up", "down")],
+        task_type="CAUSAL_LM",
+    )
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -119,6 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
     p.add_argument("--learning_rate", type=float, default=2e-6)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lora_rank", type=int, default=0, help="PEFT LoRA rank (0: full)")
+    p.add_argument("--lora_alpha", type=float, default=32.0, help="PEFT lora_alpha")
     p.add_argument("--out", required=True, help="results JSON")
     args = p.parse_args(argv)
     for name in ("num_generations", "max_completion_length", "steps", "threads"):
@@ -256,6 +274,7 @@ def main(argv=None) -> int:
         )
         timer = StepTimer()
         trainer = TimedGRPOTrainer(
+            peft_config=lora_config(args),
             model=model,
             reward_funcs=arith_reward,
             args=config,

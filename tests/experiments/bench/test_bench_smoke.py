@@ -66,12 +66,13 @@ def test_bench_verifiers_smoke_scores_math_and_says_why_code_is_skipped(tmp_path
 
 
 def test_bench_model_smoke_reports_both_implementations_against_the_peak(capsys):
-    bench_model.main(["--smoke"])
+    bench_model.main(["--smoke", "--lora", "2"])
     text = capsys.readouterr().out
     assert text.startswith("smoke model (2 layers, family llama), [B,S]=[2,16], float32")
-    assert "float32 matmul peak" in text
+    assert "float32 matmul peak" in text and "LoRA r2 update / full update" in text
     rows = _table(text, "| implementation |")
-    assert [r[0] for r in rows] == ["kjax (JAX)", "transformers (PyTorch)"]
+    names = ["kjax (JAX)", "transformers (PyTorch)", "kjax LoRA r2, base frozen (JAX)"]
+    assert [r[0] for r in rows] == names
     for r in rows:
         assert float(r[1]) > 0 and float(r[3]) > 0, r  # fwd and fwd+bwd tok/s
         assert r[2].endswith("%)") and r[4].endswith("%)"), r  # GFLOP/s (MFU)
@@ -159,13 +160,15 @@ def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_pat
     assert len(_table(text, "| shape | B x N, S + T | batch |")) == 1
 
 
-def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys):
+@pytest.mark.parametrize("lora", [[], ["--lora", "2"]], ids=["full", "lora"])
+def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys, lora):
     out = tmp_path / "trl.json"
-    assert bench_trl.main(["--smoke", "--out", str(out)]) == 0
+    assert bench_trl.main(["--smoke", "--out", str(out), *lora]) == 0
     result = json.loads(out.read_text())
     kjax, smoke = result["kjax"], bench_trl.SMOKE
     assert result["trl"] is None and result["trl_over_kjax"] is None
     config = kjax["config"]
+    assert config["lora_rank"] == (2 if lora else 0)
     assert (config["B"], config["N"], config["T"]) == (
         smoke["prompts"],
         smoke["samples"],

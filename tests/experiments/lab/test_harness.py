@@ -627,16 +627,18 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
 
 
 def test_fingerprint_leaves_out_a_later_field_at_its_default():
-    """Rows fingerprinted before sampler_compact_floor, rl.pack and model.attention existed
-    stay reusable (the hash of the config without them); setting any changes the hash."""
+    """Rows fingerprinted before sampler_compact_floor, rl.pack, model.attention and
+    model.lora stay reusable (the hash without them); setting any changes the hash."""
     import hashlib
 
+    from kjax.lora_config import LoraConfig
     from kjax.models.config import AttentionBackend
     from kjax.rl.step_config import PackMode
 
     cfg = TrainConfig()
     fields = dataclasses.asdict(cfg)
     del fields["sampler_compact_floor"], fields["rl"]["pack"], fields["model"]["attention"]
+    del fields["model"]["lora"]
     before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
     assert harness.fingerprint(cfg) == before[:16]
     for on in (
@@ -645,5 +647,6 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
         dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, attention=AttentionBackend.SPLASH)
         ),
+        dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=LoraConfig(rank=4))),
     ):
         assert harness.fingerprint(on) != harness.fingerprint(cfg)
