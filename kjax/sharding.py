@@ -133,12 +133,23 @@ def _size(names, mesh) -> int:
     return int(np.prod([mesh.shape[n] for n in names]))
 
 
-def traced_mesh_axes() -> tuple[tuple[str, ...], int]:
-    """(axis names, device count) of the mesh traced under; ((), 1) without one."""
+def head_layout(rows: int, vocab: int, rules=RULES) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(row axes, vocabulary axes) of the loss head under the traced mesh
+    (kjax.rl.forward): its rows over the batch rule's axes (those that divide `rows`),
+    its vocabulary over the vocab rule's (tensor) where they divide `vocab`; axes of size
+    1 left out, so ((), ()) without a mesh or on one device."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return (), 1
-    return tuple(mesh.axis_names), int(np.prod(list(mesh.shape.values())))
+        return (), ()
+    row_axes = tuple(n for n in _axes_of(rules["batch"], mesh) if mesh.shape[n] > 1)
+    while row_axes and rows % _size(row_axes, mesh):
+        row_axes = row_axes[:-1]
+    vocab_axes = tuple(
+        n for n in _axes_of(rules["vocab"], mesh) if mesh.shape[n] > 1 and n not in row_axes
+    )
+    if vocab_axes and vocab % _size(vocab_axes, mesh):
+        vocab_axes = ()
+    return row_axes, vocab_axes
 
 
 def constrain(x, *spec):
