@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kjax import sharding
@@ -77,6 +78,15 @@ def stats_of_logits(logits, tokens, with_entropy: bool = False, temperature: flo
 # ----------------------------------------------------------------------------- fast path
 
 
+@functools.cache
+def _layer_axes(config: LlamaConfig) -> dict[str, tuple]:
+    """Logical axes of one layer's weights ({name: axes}, the stacked "layers" axis
+    dropped), as the Llama module declares them (no array is allocated)."""
+    model = nnx.eval_shape(lambda: llama.Llama(config, rngs=nnx.Rngs(0)))
+    state = nnx.to_flat_state(nnx.state(model.layers, nnx.Param))
+    return {path[-1]: v.get_metadata().get("axes", (None,))[1:] for path, v in state}
+
+
 def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, tokens, *,
                          dtype=jnp.float32, remat: bool = False):  # fmt: skip
     """Final hidden states [B,N,T,D] (before the final norm) of the positions predicting
@@ -102,8 +112,11 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     q_c = positions[:, S:]  # [B, N*T] completion positions (for a sliding window)
     t = jnp.arange(T)[None]
 
+    axes = _layer_axes(config)
+
     def block(x, inputs):
         layer, w = inputs
+        layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, not activations
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
         qp, kp, vp = (a[:, :S] for a in (q, k, v))
         qc, kc, vc = (a[:, S:].reshape(B * N, T, -1, E) for a in (q, k, v))
