@@ -378,8 +378,9 @@ def completion_logprobs(
         completion-only chunked log-probs (False: the reference, prompt repeated N times
         and full logits).
       with_entropy: also return per-token entropies.
-      chunk_rows, chunk_vocab: rows (of B*N*T) and vocabulary columns unembedded at once
-        on the shared path (see chunked_token_stats; None: the defaults there).
+      chunk_rows, chunk_vocab: rows (of a device's B*N*T) and vocabulary columns (of its
+        V/tensor) unembedded at once on the shared path (see chunked_token_stats; None:
+        the defaults there).
       remat: recompute each layer in the backward pass (less memory, more time).
       temperature: static float > 0: the log-probs (and entropies) are those of
         softmax(logits / temperature), the sampler's distribution at that temperature
