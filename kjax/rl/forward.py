@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from kjax import sharding
 from kjax.models import attention, llama
@@ -76,6 +78,15 @@ def stats_of_logits(logits, tokens, with_entropy: bool = False, temperature: flo
 # ----------------------------------------------------------------------------- fast path
 
 
+@functools.cache
+def _layer_axes(config: LlamaConfig) -> dict[str, tuple]:
+    """Logical axes of one layer's weights ({name: axes}, the stacked "layers" axis
+    dropped), as the Llama module declares them (no array is allocated)."""
+    model = nnx.eval_shape(lambda: llama.Llama(config, rngs=nnx.Rngs(0)))
+    state = nnx.to_flat_state(nnx.state(model.layers, nnx.Param))
+    return {path[-1]: v.get_metadata().get("axes", (None,))[1:] for path, v in state}
+
+
 def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, tokens, *,
                          dtype=jnp.float32, remat: bool = False):  # fmt: skip
     """Final hidden states [B,N,T,D] (before the final norm) of the positions predicting
@@ -102,8 +113,11 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     t = jnp.arange(T)[None]
     backend = attention.resolve(config, dtype, S + N * T)
 
+    axes = _layer_axes(config)
+
     def block(x, inputs):
         layer, w = inputs
+        layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, not activations
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
         if backend is not AttentionBackend.JNP:  # one kernel call, the same mask
             out = attention.grouped_attention(backend, q, k, v, pmask, N, T)
@@ -138,12 +152,18 @@ def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
     softmax(logits / temperature) (the normed hidden states are divided by temperature,
     which divides every logit and leaves the head's chunked backward as it is).
 
-    Rows go `chunk_rows` at a time (lax.map; None: up to 4096 rows per chunk) through
-    `_head_stats`, which walks the vocabulary `chunk_vocab` columns at a time (None: ~32
-    MiB of float32 logits per chunk) with an online log-sum-exp. Forward and backward hold
-    O(chunk_rows x chunk_vocab) float32 logits, never [rows, V], and read the [V,D]
-    unembedding once per pass per row chunk (row chunks alone re-read it per chunk: on a
-    CPU that was 1.4x slower than materialising all logits at 2048 x 49152).
+    Each device's rows go `chunk_rows` at a time (lax.map; None: up to 4096 rows per
+    chunk, counted per device) through `_head_stats`, which walks its vocabulary columns
+    `chunk_vocab` at a time (None: ~32 MiB of float32 logits per chunk) with an online
+    log-sum-exp. Forward and backward hold O(chunk_rows x chunk_vocab) float32 logits,
+    never [rows, V], and read the device's part of the [V,D] unembedding once per pass per
+    row chunk (row chunks alone re-read it per chunk: on a CPU that was 1.4x slower than
+    materialising all logits at 2048 x 49152).
+
+    Under a mesh (`sharding.head_layout`) the rows stay on their batch devices and the
+    vocabulary is split over the tensor axis (`_sharded_stats`): each chip holds V/tensor
+    rows of the head and a [V/tensor, D] gradient. Without one the code is that of a
+    single device.
     """
     lead, D = hidden.shape[:-1], hidden.shape[-1]
     h = llama.rms_norm(hidden.reshape(-1, D), params["final_norm"], config.rms_norm_eps)
@@ -154,40 +174,63 @@ def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,
     for name, value in (("chunk_rows", chunk_rows), ("chunk_vocab", chunk_vocab)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1 or None; got {value}.")
-    c = min(chunk_rows or _MAX_CHUNK_ROWS, R)
-    # Under a mesh of k devices the rows are k blocks; each chunk takes c/k rows of every
-    # block and is spread over every device, which holds the whole head [V,D] for the
-    # call. Contiguous chunks (k = 1, the layout without a mesh) each lay on one batch
-    # device and vocabulary chunks on one tensor device, and the partitioner ran the
-    # head's matmuls on every device of both axes (+59% of the 8B update's FLOPs).
-    axes, k = sharding.traced_mesh_axes()
-    k = k if R % k == 0 and c % k == 0 else 1
-    vc = min(V, chunk_vocab or max(_MIN_CHUNK_VOCAB, _CHUNK_ELEMENTS // c))
     # The head as [V,D] rows (the tied embedding as stored; an lm_head [D,V] transposed).
     w = params["embed"] if config.tie_embeddings else params["lm_head"].T
-    w = sharding.constrain(w) if k > 1 else w
-    pad = -(R // k) % (c // k)
+    rows, vocab = sharding.head_layout(R, V)
+    local = functools.partial(_local_stats, chunk_rows=chunk_rows, chunk_vocab=chunk_vocab,
+                              with_entropy=with_entropy)  # fmt: skip
+    if not rows and not vocab:
+        lp, ent = local(h, w, t)
+    else:
+        lp, ent = _sharded_stats(local, h, w, t, rows, vocab)
+    return TokenStats(lp.reshape(lead), ent.reshape(lead) if with_entropy else None)
+
+
+def _local_stats(h, w, t, *, chunk_rows, chunk_vocab, with_entropy, vocab_axes=()):
+    """(log-probs [R], entropies [R] or zeros) of one device's rows h [R,D] against its
+    head columns w [V',D] (all V without a mesh), in contiguous row chunks."""
+    R = h.shape[0]
+    c = min(chunk_rows or _MAX_CHUNK_ROWS, R)
+    vc = min(w.shape[0], chunk_vocab or max(_MIN_CHUNK_VOCAB, _CHUNK_ELEMENTS // c))
+    pad = -R % c
 
     def chunked(a):  # [R, ...] -> [chunks, c, ...]
-        a = jnp.pad(
-            a.reshape(k, R // k, *a.shape[1:]), ((0, 0), (0, pad), *((0, 0),) * (a.ndim - 1))
-        )
-        a = a.reshape(k, -1, c // k, *a.shape[2:]).swapaxes(0, 1)
-        a = a.reshape(a.shape[0], c, *a.shape[3:])
-        return sharding.constrain(a, None, axes) if k > 1 else a
+        a = jnp.pad(a, ((0, pad), *((0, 0),) * (a.ndim - 1)))
+        return a.reshape(-1, c, *a.shape[1:])
 
     hs, ts = chunked(h), chunked(t)
-    one = lambda a: _head_stats(a[0], w, a[1], vc, with_entropy)  # noqa: E731
+    one = lambda a: _head_stats(a[0], w, a[1], vc, with_entropy, vocab_axes)  # noqa: E731
     if hs.shape[0] == 1:  # one row chunk: no loop to compile
         lp, ent = jax.tree.map(lambda a: a[None], one((hs[0], ts[0])))
     else:
         lp, ent = jax.lax.map(one, (hs, ts))
+    ent = ent if with_entropy else jnp.zeros_like(lp)
+    return lp.reshape(-1)[:R], ent.reshape(-1)[:R]
 
-    def unchunk(a):  # [chunks, c] -> lead
-        a = a.reshape(a.shape[0], k, c // k).swapaxes(0, 1).reshape(k, -1)
-        return a[:, : R // k].reshape(lead)
 
-    return TokenStats(unchunk(lp), unchunk(ent) if with_entropy else None)
+def _sharded_stats(local, h, w, t, rows: tuple[str, ...], vocab: tuple[str, ...]):
+    """`local` on each device of the traced mesh: its rows of h [R,D] and t [R] (rows
+    over the `rows` axes), its V/|vocab| head rows of w [V,D] (over the `vocab` axes,
+    gathered over the rest: the fsdp-sharded D of the stored head), combining the
+    vocabulary shards' log-sum-exp inside `_head_stats`.
+
+    Before, each row chunk was spread over every chip against a replicated head: each
+    chip read the whole head per 64 rows, held a full [V,D] gradient per row chunk and
+    all-reduced it (on the 8B update: about a third of the HBM bytes). Here a chip reads
+    its [V/tensor, D] head once per pass per row chunk of its own rows, and the head's
+    gradient is summed over the row devices once per call."""
+    row_spec = P(rows or None)
+    w_spec = P(vocab or None, None)
+
+    def body(h, w, t):
+        # Varying over the row axes: each device's cotangent is its own rows' part of
+        # d_w, which the transpose of this cast sums over them once per call.
+        w = jax.lax.pcast(w, rows, to="varying") if rows else w
+        return local(h, w, t, vocab_axes=vocab)
+
+    fn = jax.shard_map(body, in_specs=(row_spec, w_spec, row_spec), out_specs=(row_spec,
+                       row_spec))  # fmt: skip
+    return fn(h, w, t)
 
 
 _MAX_CHUNK_ROWS = 4096
@@ -222,15 +265,38 @@ def _in_chunk(t, offset, size):
     return (t >= offset) & (t < offset + size), jnp.clip(t - offset, 0, size - 1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _head_stats(h, w, t, vc: int, with_entropy: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _head_stats(h, w, t, vc: int, with_entropy: bool, vocab_axes: tuple[str, ...] = ()):
     """(log-probs [R], entropies [R] or None) float32 of targets t [R] under logits h @ w.T,
-    h [R,D] normed final hidden states, w [V,D]; see chunked_token_stats."""
-    return _head_stats_fwd(h, w, t, vc, with_entropy)[0]
+    h [R,D] normed final hidden states, w [V,D]; see chunked_token_stats. Inside
+    shard_map with `vocab_axes`, w is this device's block of V/|vocab_axes| rows of the
+    head, and the statistics are combined over those axes."""
+    return _head_stats_fwd(h, w, t, vc, with_entropy, vocab_axes)[0]
 
 
-def _head_stats_fwd(h, w, t, vc, with_entropy):
+def _varying_like(tree, *refs):
+    """tree's arrays cast to vary over the manual mesh axes any of `refs` varies over
+    (inside shard_map, a loop's initial carry must be typed as its body's output); the
+    identity outside shard_map."""
+    axes = frozenset().union(*(jax.typeof(r).manual_axis_type.varying for r in refs))
+
+    def one(x):
+        missing = tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(one, tree)
+
+
+def _shard_targets(t, w, vocab_axes):
+    """Targets t [R] as columns of this device's head block w (out of range elsewhere)."""
+    if not vocab_axes:
+        return t
+    return t - jax.lax.axis_index(vocab_axes) * w.shape[0]
+
+
+def _head_stats_fwd(h, w, t, vc, with_entropy, vocab_axes=()):
     R = h.shape[0]
+    t_local = _shard_targets(t, w, vocab_axes)
 
     def step(carry, w_chunk, offset):
         top, total, picked, weighted = carry  # running max, sum exp, target logit, sum exp*l
@@ -238,30 +304,37 @@ def _head_stats_fwd(h, w, t, vc, with_entropy):
         new_top = jnp.maximum(top, jnp.max(logits, axis=-1))
         scale = jnp.exp(top - new_top)
         e = jnp.exp(logits - new_top[:, None])
-        inside, col = _in_chunk(t, offset, logits.shape[1])
+        inside, col = _in_chunk(t_local, offset, logits.shape[1])
         picked = jnp.where(inside, jnp.take_along_axis(logits, col[:, None], -1)[:, 0], picked)
         if with_entropy:
             weighted = weighted * scale + jnp.sum(e * logits, axis=-1)
         return (new_top, total * scale + jnp.sum(e, axis=-1), picked, weighted), None
 
     zeros = jnp.zeros((R,), jnp.float32)
-    init = (jnp.full((R,), -jnp.inf, jnp.float32), zeros, zeros, zeros)
+    init = _varying_like((jnp.full((R,), -jnp.inf, jnp.float32), zeros, zeros, zeros), h, w)
     (top, total, picked, weighted), _ = _vocab_pass(step, init, w, vc)
+    if vocab_axes:  # each block's sums rescaled to the largest logit of all blocks
+        new_top = jax.lax.pmax(top, vocab_axes)
+        scale = jnp.exp(top - new_top)
+        top, total = new_top, jax.lax.psum(total * scale, vocab_axes)
+        picked = jax.lax.psum(picked, vocab_axes)  # 0 on every block but the target's
+        weighted = jax.lax.psum(weighted * scale, vocab_axes) if with_entropy else weighted
     lse = top + jnp.log(total)
     lp = picked - lse
     ent = lse - weighted / total if with_entropy else None
     return (lp, ent), (h, w, t, lse, ent)
 
 
-def _head_stats_bwd(vc, with_entropy, res, grads):
+def _head_stats_bwd(vc, with_entropy, vocab_axes, res, grads):
     # d lp / d logit_j = onehot_j - p_j;  d H / d logit_j = -p_j (log p_j + H).
     h, w, t, lse, ent = res
     g_lp, g_ent = grads
+    t_local = _shard_targets(t, w, vocab_axes)
 
     def step(d_h, w_chunk, offset):
         logp = _chunk_logits(h, w_chunk) - lse[:, None]
         p = jnp.exp(logp)
-        inside, col = _in_chunk(t, offset, logp.shape[1])
+        inside, col = _in_chunk(t_local, offset, logp.shape[1])
         onehot = (jnp.arange(logp.shape[1]) == col[:, None]) & inside[:, None]
         d_logits = g_lp[:, None] * (onehot - p)
         if with_entropy:
@@ -272,7 +345,9 @@ def _head_stats_bwd(vc, with_entropy, res, grads):
         )
         return d_h, jnp.matmul(d_logits.T, h, preferred_element_type=jnp.float32).astype(w.dtype)
 
-    d_h, d_w = _vocab_pass(step, jnp.zeros(h.shape, jnp.float32), w, vc)
+    d_h, d_w = _vocab_pass(step, _varying_like(jnp.zeros(h.shape, jnp.float32), h, w), w, vc)
+    if vocab_axes:  # each vocabulary block's part of d_h, summed once per row chunk
+        d_h = jax.lax.psum(d_h, vocab_axes)
     return d_h.astype(h.dtype), d_w, None
 
 
@@ -307,8 +382,9 @@ def completion_logprobs(
         completion-only chunked log-probs (False: the reference, prompt repeated N times
         and full logits).
       with_entropy: also return per-token entropies.
-      chunk_rows, chunk_vocab: rows (of B*N*T) and vocabulary columns unembedded at once
-        on the shared path (see chunked_token_stats; None: the defaults there).
+      chunk_rows, chunk_vocab: rows (of a device's B*N*T) and vocabulary columns (of its
+        V/tensor) unembedded at once on the shared path (see chunked_token_stats; None:
+        the defaults there).
       remat: recompute each layer in the backward pass (less memory, more time).
       temperature: static float > 0: the log-probs (and entropies) are those of
         softmax(logits / temperature), the sampler's distribution at that temperature

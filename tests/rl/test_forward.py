@@ -238,3 +238,44 @@ def test_temperature_must_be_a_positive_float():
     for bad in (0.0, -1.0, True):
         with pytest.raises(ValueError, match="temperature"):
             forward.completion_logprobs(params, BASE, prompts, mask, tokens, temperature=bad)
+
+
+def test_vocab_parallel_head_equals_one_device():
+    """The head on a 1x2x4 mesh of the 8 CPU devices (rows over fsdp 2, the vocabulary
+    over tensor 4; per-device row chunks of 5 with a padded last one, vocabulary chunks
+    of 4 with a tail in each device's 10 columns) against the same call without a mesh:
+    log-probs, entropies and gradients of the hidden states and the head (an untied
+    lm_head [D,V], stored (fsdp, tensor), enters as its transpose; a tied embedding is
+    the same [V,D] operand)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kjax import sharding
+
+    config = dataclasses.replace(BASE, vocab_size=40, tie_embeddings=False)
+    params = _params(config, seed=6)
+    hidden = jax.random.normal(jax.random.key(3), (2, 4, 6, config.hidden_size))
+    targets = jax.random.randint(jax.random.key(4), (2, 4, 6), 0, config.vocab_size)
+    mesh = sharding.make_mesh(1, 2, 4)
+
+    def loss(params, hidden):
+        s = forward.chunked_token_stats(params, config, hidden, targets, with_entropy=True,
+                                        chunk_rows=5, chunk_vocab=4)  # fmt: skip
+        return jnp.sum(s.logprobs * jnp.cos(s.entropy)), s
+
+    grads = jax.grad(loss, argnums=(0, 1), has_aux=True)
+
+    def on_mesh(params, hidden):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            assert sharding.head_layout(48, 40) == (("fsdp",), ("tensor",))
+            return grads(params, hidden)
+
+    (ga, a), (gb, b) = (
+        jax.jit(grads)(params, hidden),
+        jax.jit(on_mesh)(*jax.device_put((params, hidden), NamedSharding(mesh, P()))),
+    )
+    assert float(jnp.std(a.logprobs)) > 0.3  # far from uniform: the test can fail
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(b.entropy, a.entropy, atol=1e-5, rtol=0)
+    for x, y in zip(jax.tree.leaves(gb), jax.tree.leaves(ga), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.max(jnp.abs(y))) + 1e-7)

@@ -1,0 +1,144 @@
+"""What the TPU compiler makes of kjax's sharded programs on small v5e topologies
+(compiled here on the CPU; needs libtpu): the decode step reads only the live window of
+its own K/V cache, and the training forward gathers weights, not activations, over fsdp."""
+
+import dataclasses
+import re
+
+import pytest
+
+from kjax import hlo_stats, sampling, scale, sharding
+from kjax.models.config import LlamaConfig
+from kjax.rl.config import ArithConfig, ModelConfig, TrainConfig
+
+pytestmark = pytest.mark.skipif(
+    scale.libtpu_missing() is not None,
+    reason=f"{scale.libtpu_missing()}: no TPU compiler to compile for a TPU topology",
+)
+
+CONFIG = LlamaConfig(
+    vocab_size=32,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    tie_embeddings=True,
+    eos_ids=(1,),
+    max_position_embeddings=64,
+)
+CFG = TrainConfig(
+    batch_prompts=8,
+    samples=4,
+    max_new_tokens=20,  # own cache of 19 slots; decode windows 16 and 19
+    task=ArithConfig(max_prompt_tokens=8),
+    model=ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128),
+)
+# Ops that move no cache data (or only the slot they write), and the memory-space
+# assignment's own copies between HBM and on-chip memory.
+_NOT_A_COPY = {"parameter", "get-tuple-element", "tuple", "while", "bitcast", "copy-start",
+               "copy-done", "slice-start", "slice-done", "custom-call",
+               "dynamic-update-slice"}  # fmt: skip
+
+
+def _compiled_text(monkeypatch, name, compile_fn, *args):
+    texts = {}
+
+    def keep(label, fn, *a):
+        texts[label] = fn.lower(*a).compile().as_text()
+
+    monkeypatch.setattr(scale.planner, "compile_one", keep)
+    compile_fn(*args)
+    return texts[name]
+
+
+def _roots_in_place(comps, roots, comp) -> bool:
+    """Whether a fusion's root is an in-place cache write (a dynamic-update-slice, or a
+    tuple of them)."""
+    by_name = {i.name: i for i in comps[comp]}
+    root = by_name[roots[comp]]
+    parts = [by_name[o] for o in root.operands] if root.op == "tuple" else [root]
+    return all(p.op == "dynamic-update-slice" for p in parts)
+
+
+def _whole_cache_copies(text: str, length: int) -> list[str]:
+    """Instructions outside fusions whose result holds a whole cache length `length`
+    (a copy of the cache: slicing, relayout, conversion), other than in-place writes."""
+    comps, roots, _ = hlo_stats._parse(text)
+    fused = {
+        c
+        for instrs in comps.values()
+        for i in instrs
+        if i.op == "fusion"
+        for c in re.findall(r"calls=%([\w.\-]+)", i.attrs)
+    }
+    found = []
+    for comp, instrs in comps.items():
+        if comp in fused:
+            continue
+        for i in instrs:
+            if i.op in _NOT_A_COPY or not any(
+                length in dims and len(dims) >= 4 for _, dims in hlo_stats._arrays(i.type)
+            ):
+                continue
+            called = re.search(r"calls=%([\w.\-]+)", i.attrs)
+            if i.op == "fusion" and called and _roots_in_place(comps, roots, called.group(1)):
+                continue
+            found.append(f"{i.op} {i.type}")
+    return found
+
+
+def test_decode_step_reads_only_the_live_window_of_its_cache(monkeypatch):
+    """The sampler's decode step (its while-loop body, as the planner compiles it) at its
+    first window, 16 of 19 slots, on v5e:2x2 at fsdp 2 x tensor 2: no instruction copies
+    a layer's whole own cache [B*N, 19, K, E] (nor the whole [L, ...] cache) other than
+    the in-place write of the fed token; before, the layer scan sliced each layer's whole
+    cache out and laid it out again (a bf16 copy of all of it here), every step."""
+    window = 16
+    assert [w for w, _ in sampling._phases(CFG.max_new_tokens)] == [window, 19]
+    mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
+    params = scale.abstract_params(CONFIG, scale.param_dtype(CFG), mesh)
+    shape = scale.Shape.of(CFG)
+    name = f"decode@{window}"
+    text = _compiled_text(
+        monkeypatch, name, scale.compile_decode, CFG, CONFIG, mesh, params, shape, window
+    )
+    assert _whole_cache_copies(text, CFG.max_new_tokens - 1) == []
+
+
+@pytest.mark.slow  # ~1-3 min on 2 loaded cores
+def test_fsdp_gathers_weights_not_activations(monkeypatch):
+    """The RL update on v5e:2x4 at fsdp 4 x tensor 2: no all-gather of an activation, an
+    array over the rows of a layer (S + N*T = 160 per prompt, here no weight dimension).
+    Before the layers' weights were pinned gathered over fsdp (forward.py,
+    sharding.gather_over_fsdp), the partitioner all-gathered the [8, 160, 256] activations
+    of all fsdp groups for the weight gradients (and ran 1.56x the FLOPs)."""
+    config = dataclasses.replace(CONFIG, vocab_size=256, hidden_size=256,
+                                 intermediate_size=512, head_dim=64,
+                                 max_position_embeddings=256)  # fmt: skip
+    cfg = dataclasses.replace(
+        CFG,
+        max_new_tokens=32,
+        task=ArithConfig(max_prompt_tokens=32),
+        model=ModelConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
+    )
+    from kjax.rl.optim import make_optimizer
+
+    mesh = sharding.make_mesh(1, 4, 2, devices=scale.topology_devices("v5e:2x4"))
+    params = scale.abstract_params(config, scale.param_dtype(cfg), mesh)
+    state = scale.abstract_state(params, make_optimizer(cfg.optimizer), mesh)
+    shape = scale.Shape.of(cfg)
+    rows = shape.S + shape.N * shape.T
+    assert rows == 160
+    text = _compiled_text(
+        monkeypatch, "update", scale.compile_update, cfg, config, mesh, state, shape
+    )
+    gathers = [
+        i.type
+        for instrs in hlo_stats.computations(text).values()
+        for i in instrs
+        if i.op in ("all-gather", "all-gather-start")
+    ]
+    assert gathers  # the weights are gathered
+    assert [g for g in gathers if any(rows in d for _, d in hlo_stats._arrays(g))] == []
