@@ -69,3 +69,16 @@ def test_pretraining_loss_through_splash_equals_the_jnp_reference():
     np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.parametrize(("S", "N", "T"), [(7, 0, 0), (5, 3, 4), (1, 2, 6)])
+def test_attention_density_counts_the_unmasked_entries(S, N, T):
+    """The share of the [L, L] scores the shared-prompt mask leaves, against the mask."""
+    import numpy as np
+
+    L = S + N * T
+    q, k = np.arange(L)[:, None], np.arange(L)[None]
+    own = lambda i: (i - S) // max(T, 1)
+    prompt = (k < S) & ((q >= S) | (k <= q))
+    same = (q >= S) & (k >= S) & (own(q) == own(k)) & (k <= q)
+    assert scale.attention_density(S, N, T) == pytest.approx((prompt | same).mean())

@@ -45,7 +45,7 @@ _NOT_A_COPY = {"parameter", "get-tuple-element", "tuple", "while", "bitcast", "c
 def _compiled_text(monkeypatch, name, compile_fn, *args):
     texts = {}
 
-    def keep(label, fn, *a):
+    def keep(label, fn, *a, **_):  # compile_one's mesh= and kernel_cost=
         texts[label] = fn.lower(*a).compile().as_text()
 
     monkeypatch.setattr(scale.planner, "compile_one", keep)

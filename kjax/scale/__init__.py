@@ -37,6 +37,7 @@ from kjax.scale.compiled import (
 )
 from kjax.scale.costs import (
     Shape,
+    attention_density,
     decode_flops,
     forward_flops,
     matmul_params,
@@ -82,6 +83,7 @@ __all__ = [
     "overlap_projection",
     "param_count",
     "splash_attention_cost",
+    "attention_density",
     "update_flops",
     "Plan",
     "abstract_batch",

@@ -116,6 +116,15 @@ def memory_bound(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, mi
 _SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8}  # per query element x key, see below
 
 
+def attention_density(S: int, N: int = 0, T: int = 0) -> float:
+    """The share of a row's [L, L] score entries (L = S + N T) that kjax's attention
+    leaves unmasked: the prompt causal, each of the N completions of T attending to the
+    whole prompt and causally to itself (kjax.models.attention's mask; N T = 0 is a causal
+    prompt alone, the prefill)."""
+    L = S + N * T
+    return (S * (S + 1) / 2 + N * T * S + N * T * (T + 1) / 2) / L**2
+
+
 def splash_attention_cost(density: float = 1.0):
     """A `kernel_cost` hook (kjax.hlo_stats.module_stats) for jax's Pallas splash
     attention kernels (`splash_{mha,mqa}_{fwd,dq,dkv}...`), None for any other kernel.

@@ -24,7 +24,13 @@ from kjax.rl.config import ModelKind, TrainConfig
 from kjax.rl.train_step import RLBatch, TrainState, optimizer_shardings
 from kjax.scale.chips import Chip, chip_of, topology_devices
 from kjax.scale.compiled import Compiled, compile_one
-from kjax.scale.costs import Shape, decode_flops, update_flops
+from kjax.scale.costs import (
+    Shape,
+    attention_density,
+    decode_flops,
+    splash_attention_cost,
+    update_flops,
+)
 
 
 def param_dtype(cfg: TrainConfig):
@@ -115,7 +121,9 @@ def compile_update(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: S
     batch = abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
     ref = state.params if cfg.rl.kl_coef > 0 else None
     k = np.int32(cfg.objective.k)
-    return compile_one("update", step_fn, state, batch, ref, k, mesh=mesh)
+    # Splash kernels (attention AUTO on a TPU topology) cost their unmasked entries.
+    cost = splash_attention_cost(attention_density(shape.S, shape.N, shape.T))
+    return compile_one("update", step_fn, state, batch, ref, k, mesh=mesh, kernel_cost=cost)
 
 
 def compile_prefill(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: Shape):
@@ -130,7 +138,8 @@ def compile_prefill(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape:
 
     prompts = _abstract((shape.B, shape.S), jnp.int32, sh)
     mask = _abstract((shape.B, shape.S), bool, sh)
-    return compile_one("prefill", fn, params, prompts, mask, mesh=mesh)
+    cost = splash_attention_cost(attention_density(shape.S))
+    return compile_one("prefill", fn, params, prompts, mask, mesh=mesh, kernel_cost=cost)
 
 
 def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: Shape,

@@ -217,6 +217,7 @@ def test_packed_loss_and_gradients_equal_padded(name):
     _assert_trees_close(grads, grads_ref)
 
 
+@pytest.mark.slow  # ~20 s; bench_rl_step's smoke (default tier) checks a whole packed update
 def test_packed_ppo_step_equals_padded_step():
     """Epochs x minibatches x microbatches on a 2-device mesh, old and reference log-probs
     computed packed too: the same parameters after the step."""

@@ -38,7 +38,16 @@ LAGGED = ["--config.rl.policy_lag=2", "--config.rl.lag_correction=EXACT"]
 LORA = ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,o,down"]
 
 
-@pytest.mark.parametrize("extra", [[], LAGGED, [*LORA, *LAGGED]], ids=["sync", "lag2", "lora_lag2"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="sync"),
+        pytest.param(LAGGED, id="lag2"),
+        # ~60 s on 2 cores, over the default tier's budget: LoRA's kill -9 resume is
+        # in the slow tier (pytest -m slow).
+        pytest.param([*LORA, *LAGGED], id="lora_lag2", marks=pytest.mark.slow),
+    ],
+)
 def test_kill_9_then_rerun_is_bitwise_identical(tmp_path, extra):
     """lag2: the checkpoint also holds the two steps' rollouts drawn ahead (from older
     parameters) and the data position past them; the resumed run uses them, not new ones.
