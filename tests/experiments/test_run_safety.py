@@ -306,9 +306,12 @@ def test_broken_model_files_are_named_with_the_fix(model_dir, tmp_path, capsys):
         rc, err = train_on(tmp_path / name)
         assert rc == 2 and _clean(err) and words in err and f"{tmp_path / name}" in err, err
     assert not (tmp_path / "w" / "experiment.json").exists()
-    # The corrected folder loads (tests/rl/test_family_runs.py trains from such folders).
+    # The corrected command: the intact folder trains, in the same workdir.
     assert load(str(model_dir)).config.hidden_size == 32
     assert tokenizer.load(str(model_dir)).encode_chat([{"role": "user", "content": "1"}])
+    rc, err = train_on(model_dir)
+    assert rc == 0, err
+    assert (tmp_path / "w" / "experiment.json").exists()
 
 
 # ---------------------------------------------------------------------------------- tables
