@@ -99,6 +99,7 @@ def test_buckets_are_bounded_and_refuse_bad_counts():
         packing.bucket(9, 8)
 
 
+@pytest.mark.slow  # ~12 s; the default tier's packed tests use the plain config
 def test_packed_forward_equals_padded_with_a_sliding_window():
     """Qwen3 q/k norms, GQA, a 2-position window on layer 1, left-padded prompts."""
     config = dataclasses.replace(
