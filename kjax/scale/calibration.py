@@ -3,8 +3,8 @@ Llama-3.1-8B in MaxText's published pre-training configuration, compiled for a s
 slice with the same machinery as the RL update, its projected tokens/s/chip and MFU set
 beside MaxText's measured ones.
 
-MaxText measured (maxtext/docs/reference/models/tiering.md and
-maxtext/benchmarks/maxtext_trillium_model_configs.py of github.com/AI-Hypercomputer/maxtext):
+MaxText measured (its published model-tiering table and the llama3_1_8b_8192 entry of its
+Trillium benchmark configurations, AI-Hypercomputer's MaxText repository at e591f30):
 Llama-3.1-8B on v6e-256, bfloat16, sequence 8192, per-device batch 4, 7,207 tokens/s/chip,
 45.46% MFU; its tokens/s/chip is flat (7.0-7.2k) across v6e slices of 8 to 256 chips, so
 a small slice stands in for the pod. MaxText's MFU counts 6 x (layer matmul params + the
@@ -50,8 +50,8 @@ MAXTEXT_LLAMA31_8B_V6E = Measured(
     mfu=0.4546,
     seq=8192,
     per_device_batch=4,
-    source="MaxText maxtext/docs/reference/models/tiering.md, "
-    "benchmarks/maxtext_trillium_model_configs.py (Llama-3.1-8B, v6e-256, bf16)",
+    source="MaxText's model-tiering table and Trillium benchmark configs "
+    "(Llama-3.1-8B, v6e-256, bf16)",
 )
 
 

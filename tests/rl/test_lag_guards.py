@@ -124,7 +124,8 @@ def test_exact_is_refused_with_what_would_bias_it(changes, says):
 
 def test_exact_accepts_the_unbiased_aggregations():
     for aggregation in (LossAggregation.TOKEN_SUM, LossAggregation.CONSTANT_NORMALIZER):
-        StepConfig(policy_lag=2, lag_correction=LagCorrection.EXACT, aggregation=aggregation)
+        rl = StepConfig(policy_lag=2, lag_correction=LagCorrection.EXACT, aggregation=aggregation)
+        assert rl.aggregation is aggregation and rl.lag_correction is LagCorrection.EXACT
 
 
 @pytest.mark.parametrize("correction", [LagCorrection.EXACT, LagCorrection.TIS])
