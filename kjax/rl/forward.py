@@ -98,7 +98,6 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     """
     B, N, T = tokens.shape
     S = prompts.shape[1]
-    H, E = config.num_heads, config.head_dim
     pmask = prompt_mask.astype(bool)
     p_pos = llama.default_positions(pmask)  # [B,S]
     c_pos = jnp.sum(pmask, axis=-1, dtype=jnp.int32)[:, None, None] + jnp.arange(T)
@@ -122,16 +121,8 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
         if backend is not AttentionBackend.JNP:  # one kernel call, the same mask
             out = attention.grouped_attention(backend, q, k, v, pmask, N, T)
             return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
-        qp, kp, vp = (a[:, :S] for a in (q, k, v))
-        qc, kc, vc = (a[:, S:].reshape(B * N, T, -1, E) for a in (q, k, v))
-        out_p = llama.attention(qp, kp, vp, llama.windowed(p_self, w, p_pos, p_pos))
-        c_p = llama.windowed(c_prompt, w, q_c, p_pos)
-        o1, l1 = llama.attention(qc.reshape(B, N * T, H, E), kp, vp, c_p, with_lse=True)
-        o2, l2 = llama.attention(qc, kc, vc, llama.windowed(c_self, w, t, t), with_lse=True)
-        out_c = llama.merge_attention(
-            [(o1.reshape(B * N, T, H, E), l1.reshape(B * N, T, H)), (o2, l2)]
-        )
-        out = jnp.concatenate([out_p, out_c.reshape(B, N * T, H, E)], axis=1)
+        masks = GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, t)
+        out = prompt_then_blocks_attention(q, k, v, S, T, w, masks)
         return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
 
     xs = (params["layers"], llama.layer_windows(config))
@@ -142,6 +133,38 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     last = jnp.take_along_axis(xp, _last_real(pmask)[:, None, None], axis=1)  # [B,1,D]
     first = jnp.broadcast_to(last[:, None], (B, N, 1, D))
     return jnp.concatenate([first, xc[:, :, : T - 1]], axis=2)
+
+
+class GroupMasks(NamedTuple):
+    """The jnp reference's masks of rows laid out as one prompt of S positions then G
+    blocks of T completion positions: p_self [B,S,S] (prompt causal, padding), p_pos [B,S]
+    prompt positions, c_prompt [B,G*T,S] (completion queries to the prompt), q_c [B,G*T]
+    completion positions, c_self [1 or B*G,T,T] (within a block) and own_pos [1 or B*G,T]
+    its positions (for a sliding window)."""
+
+    p_self: jax.Array
+    p_pos: jax.Array
+    c_prompt: jax.Array
+    q_c: jax.Array
+    c_self: jax.Array
+    own_pos: jax.Array
+
+
+def prompt_then_blocks_attention(q, k, v, S: int, T: int, window, m: GroupMasks):
+    """Attention [B, S + G*T, H, E] of q [B, S + G*T, H, E], k, v [B, S + G*T, K, E] in
+    the prompt-then-blocks layout (the jnp reference): the prompt causally, each block's
+    queries over the prompt and over their own block, the two merged by log-sum-exp."""
+    B, L, H, E = q.shape
+    G = (L - S) // T
+    qp, kp, vp = (a[:, :S] for a in (q, k, v))
+    qc, kc, vc = (a[:, S:].reshape(B * G, T, -1, E) for a in (q, k, v))
+    out_p = llama.attention(qp, kp, vp, llama.windowed(m.p_self, window, m.p_pos, m.p_pos))
+    c_p = llama.windowed(m.c_prompt, window, m.q_c, m.p_pos)
+    o1, l1 = llama.attention(qc.reshape(B, G * T, H, E), kp, vp, c_p, with_lse=True)
+    own = llama.windowed(m.c_self, window, m.own_pos, m.own_pos)
+    o2, l2 = llama.attention(qc, kc, vc, own, with_lse=True)
+    out_c = llama.merge_attention([(o1.reshape(B * G, T, H, E), l1.reshape(B * G, T, H)), (o2, l2)])
+    return jnp.concatenate([out_p, out_c.reshape(B, G * T, H, E)], axis=1)
 
 
 def chunked_token_stats(params, config: LlamaConfig, hidden, targets, *,

@@ -151,7 +151,6 @@ def packed_hidden(params, config: LlamaConfig, prompts, prompt_mask, packed: Pac
     positions prompt length + offset, own attention causal within a segment."""
     B, R, T = packed.tokens.shape
     S = prompts.shape[1]
-    H, E = config.num_heads, config.head_dim
     pmask = prompt_mask.astype(bool)
     p_pos = llama.default_positions(pmask)  # [B,S]
     c_pos = jnp.sum(pmask, axis=-1, dtype=jnp.int32)[:, None, None] + packed.offset
@@ -166,20 +165,12 @@ def packed_hidden(params, config: LlamaConfig, prompts, prompt_mask, packed: Pac
     c_self = jnp.tril(jnp.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :])
     q_c = positions[:, S:]  # [B, R*T]
     own = c_pos.reshape(B * R, T)
+    masks = forward.GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, own)
 
     def block(x, inputs):
         layer, w = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + R*T, ., E]
-        qp, kp, vp = (a[:, :S] for a in (q, k, v))
-        qc, kc, vc = (a[:, S:].reshape(B * R, T, -1, E) for a in (q, k, v))
-        out_p = llama.attention(qp, kp, vp, llama.windowed(p_self, w, p_pos, p_pos))
-        c_p = llama.windowed(c_prompt, w, q_c, p_pos)
-        o1, l1 = llama.attention(qc.reshape(B, R * T, H, E), kp, vp, c_p, with_lse=True)
-        o2, l2 = llama.attention(qc, kc, vc, llama.windowed(c_self, w, own, own), with_lse=True)
-        out_c = llama.merge_attention(
-            [(o1.reshape(B * R, T, H, E), l1.reshape(B * R, T, H)), (o2, l2)]
-        )
-        out = jnp.concatenate([out_p, out_c.reshape(B, R * T, H, E)], axis=1)
+        out = forward.prompt_then_blocks_attention(q, k, v, S, T, w, masks)
         return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
 
     xs = (params["layers"], llama.layer_windows(config))
