@@ -217,6 +217,8 @@ _LATER_DEFAULTS = {
     "rl.pack": "OFF",  # the padded update (kjax.rl.packing)
     "model.attention": "AUTO",  # jnp on CPU (kjax.models.attention)
     "model.lora": dataclasses.asdict(LoraConfig()),  # full fine-tuning (kjax.models.lora)
+    "objective.bon_anchor": "GROUP",  # BON_DISTILL's moving anchor (kjax.rl.objective_config)
+    "objective.bon_anchor_samples": 0,
 }
 
 

@@ -24,16 +24,44 @@ and every BoN arm table 10's tuned BoN rate (2e-3, tuned at n = 8, the top of it
 a rate tuned at one point of a sweep is a choice, stated here, not a tuned optimum at
 the others.
 
-Claims (stated before the runs; one Holm family). 10b.N for each n in BON_N (the paper's
-comparison, kjax's margin): at the KL BoN distillation with that n reaches, its held-out
+Issue 46 (claims and arms below written before their runs, 2026-12-06). vBoN minimises
+the backward KL to the best-of-n distribution of the FIXED reference; the arms above
+("BoN distill (n)") are kjax's BON_DISTILL, anchored to the current policy (BOND's moving
+anchor, without BOND's Jeffreys divergence), so they are kjax's variant, kept as such.
+Added: vBoN's own objective, "vBoN fixed anchor (n)" at n in BON_N: BON_DISTILL with
+objective.bon_anchor=REFERENCE, each policy sample's transformed reward log(w_n / n) (about
+(n - 1) log F(r)) against M = 16 fresh samples per prompt of the fixed warm start (the KL
+reference), with the K2 KL penalty to it at rl.kl_coef = VBON_KL = 1: the objective
+E_pi[log(w_n / n)] - KL(pi || pi_ref) = -KL(pi || pi_bon^ref) - log n, whose maximiser is
+the reference's best-of-n (kjax/objectives/bon_distill.py; vBoN's code writes it divided by
+n - 1: reward log F, KL coefficient 1 / (n - 1)); the rate is table 10's BoN rate 2e-3 (a
+choice, not tuned for this objective). And mean-RL at kl_coef 0.3 and 0.5, to measure the
+frontier where the moving-anchor BoN points lie (KL 0.25-0.32, between kl_coef 1's 0.09
+and 0.2's 0.40, where nothing was measured).
+
+Claims (one Holm family).
+10b, vBoN's words ("appears more frequently on the Pareto frontier of reward and KL
+divergence" than KL-constrained RL), for vBoN's objective: per seed, the Pareto front of
+that seed's 6 mean-RL points and 4 vBoN points, each point (final KL per sequence to the
+warm start, held-out mean reward); a point is on the front when no other point of the pool
+has KL <= and reward >= with one of them strict (the warm start itself is not a point).
+The per-seed statistic: the share of vBoN's 4 points on the front minus the share of
+mean-RL's 6 points on it (shares, since the methods have different numbers of points);
+GREATER (> 0), the paired t-interval over seeds; kjax's equivalence margin 0.25 (one BoN
+point of four). It is stored on the n = 2 row of the family. Seeds where an arm of the pool
+did not run are left out.
+10b', kjax's: the same statistic for kjax's moving-anchor arms with the same mean-RL points.
+10b.N (kjax's; the form of 10b before issue 46, kept, re-judged on the filled curve) for each
+n in BON_N: at the KL the moving-anchor BoN distillation with that n reaches, its held-out
 mean reward is at least mean-RL's, within 0.01 (NONINFERIOR, margin 0.01 of mean reward;
 the papers give no margin). "Mean-RL's reward at matched KL" is computed per seed: the
-four mean-RL arms' final (KL per sequence, mean reward) points of that seed, sorted by KL,
+mean-RL arms' final (KL per sequence, mean reward) points of that seed, sorted by KL,
 joined by straight lines, read at the BoN arm's KL; only inside the measured range (from
 the smallest to the largest mean-RL KL of that seed, no extrapolation, the warm start's
 (0, reward) not used as a point). A seed whose BoN KL falls outside that range is left out
 of that claim and counted in the "inside mean-RL's KL range" column, so a claim may rest
-on fewer seeds than the table (its seeds column says how many).
+on fewer seeds than the table (its seeds column says how many). The same columns are
+shown, untested, for the vBoN arms.
 
 The reported run (2026-12-05, 2 AMD EPYC cores shared with four other jobs, load average
 5-13): 8 arms x 10 seeds, the full design (the plan allowed fewer seeds, the leading ones
@@ -61,10 +89,14 @@ from experiments.lab.harness import Arm
 from experiments.lab.tuning import with_learning_rate
 from experiments.tables import bon_distill_table as t10
 from kjax.files import write_figure
-from kjax.rl.config import KLEstimator, Objective, ObjectiveConfig
+from kjax.rl.config import BonAnchor, KLEstimator, Objective, ObjectiveConfig
 
-MEAN_KL = (0.0, 0.05, 0.2, 1.0)
+# 0.3 and 0.5 were added (issue 46) before their runs, to fill the unmeasured stretch
+# between kl_coef 1 (KL ~0.09) and 0.2 (KL ~0.40) where the moving-anchor BoN points lie;
+# chosen from KL ~ kl_coef^-0.9 between the measured 0.2 and 1 (expected KL ~0.27, ~0.17).
+MEAN_KL = (0.0, 0.05, 0.2, 0.3, 0.5, 1.0)
 BON_N = (2, 4, 8, 16)
+VBON_KL = 1.0  # vBoN's objective: E_pi[log(w_n / n)] - 1 * KL(pi || pi_ref) (module docstring)
 MEAN_LR, BON_LR = 1e-3, 2e-3  # table 10's tuned rates (experiments/results/bon_distill_table.md)
 MARGIN = 0.01  # NONINFERIOR margin on the mean reward (kjax's: the papers give none)
 
@@ -74,7 +106,12 @@ def mean_name(c: float) -> str:
 
 
 def bon_name(n: int) -> str:
+    """kjax's BON_DISTILL, the moving anchor (the name the committed rows carry)."""
     return f"BoN distill (n={n})"
+
+
+def vbon_name(n: int) -> str:
+    return f"vBoN fixed anchor (n={n})"
 
 
 def mean_rl(c: float):
@@ -98,6 +135,20 @@ def bon(n: int):
     return make
 
 
+def vbon(n: int):
+    """vBoN's objective: BON_DISTILL against M = N fresh samples per prompt of the fixed
+    warm start (bon_anchor=REFERENCE), with the KL to it at weight VBON_KL = 1."""
+
+    def make(cfg):
+        k = n if cfg.samples > 8 else min(n, cfg.samples // 2)  # smoke runs sample 8
+        rl = dataclasses.replace(tiny_countdown_bon.BASE.rl, kl_coef=VBON_KL)
+        obj = ObjectiveConfig(Objective.BON_DISTILL, k=k, bon_anchor=BonAnchor.REFERENCE,
+                              bon_anchor_samples=cfg.samples)  # fmt: skip
+        return with_learning_rate(dataclasses.replace(cfg, rl=rl, objective=obj), BON_LR)
+
+    return make
+
+
 def interpolate(points, x: float) -> float | None:
     """The piecewise-linear curve through points [(kl, reward)] (sorted by kl here) at x;
     None outside [min kl, max kl] (no extrapolation)."""
@@ -108,22 +159,52 @@ def interpolate(points, x: float) -> float | None:
     return float(np.interp(x, kls, [p[1] for p in pts]))
 
 
+def pareto_front(points: dict[str, tuple[float, float]]) -> set[str]:
+    """The names of the points (KL, reward) that no other point dominates: none has KL <=
+    and reward >= with one of the two strict (lower KL and higher reward are better)."""
+    front = set()
+    for name, (kl, r) in points.items():
+        if not any(k2 <= kl and r2 >= r and (k2 < kl or r2 > r)
+                   for other, (k2, r2) in points.items() if other != name):  # fmt: skip
+            front.add(name)
+    return front
+
+
+FAMILIES = {"vbon": vbon_name, "moving": bon_name}  # the two BoN families of claim 10b
+
+
 def matched_kl(table, seed: int, ctx) -> dict[str, dict[str, float]]:
-    """Per seed: for each BoN arm, mean-RL's reward at its KL ("mean_rl_at_kl"), its own
-    reward minus that ("reward_vs_mean_rl"), and "in_range" (1.0 / 0.0); nothing for an
-    arm that did not run."""
+    """Per seed. For each BoN arm (both anchors): mean-RL's reward at its KL
+    ("mean_rl_at_kl"), its own reward minus that ("reward_vs_mean_rl") and "in_range"
+    (1.0 / 0.0). Claim 10b's front, for each family F (vBoN's fixed anchor, kjax's moving
+    anchor) on its own with the mean-RL arms: "on_front_F" (1.0 / 0.0) on every arm of the
+    pool, and on F's n = 2 row "front_share" (the share of F's points on the front) and
+    "front_share_minus_mean_rl" (that minus the share of mean-RL's points on it), only when
+    every arm of the pool ran. Nothing for an arm that did not run."""
     rows = {a.name: table_runs.run_one(table, a, seed, ctx)["metrics"] for a in table.arms}
-    means = [rows[mean_name(c)] for c in MEAN_KL if mean_name(c) in rows]
-    points = [(m["kl_seq"], m["max@1"]) for m in means if "kl_seq" in m]
-    out = {}
-    for n in BON_N:
-        m = rows.get(bon_name(n), {})
+    means = [mean_name(c) for c in MEAN_KL if "kl_seq" in rows.get(mean_name(c), {})]
+    points = [(rows[m]["kl_seq"], rows[m]["max@1"]) for m in means]
+    out: dict[str, dict[str, float]] = {}
+    for name in [f(n) for f in FAMILIES.values() for n in BON_N]:
+        m = rows.get(name, {})
         if "kl_seq" not in m or len(points) < 2:
             continue
         at = interpolate(points, m["kl_seq"])
-        out[bon_name(n)] = {"in_range": float(at is not None)}
+        out[name] = {"in_range": float(at is not None)}
         if at is not None:
-            out[bon_name(n)].update(mean_rl_at_kl=at, reward_vs_mean_rl=m["max@1"] - at)
+            out[name].update(mean_rl_at_kl=at, reward_vs_mean_rl=m["max@1"] - at)
+    for family, name_of in FAMILIES.items():
+        pool = [mean_name(c) for c in MEAN_KL] + [name_of(n) for n in BON_N]
+        if not all("kl_seq" in rows.get(a, {}) for a in pool):
+            continue
+        front = pareto_front({a: (rows[a]["kl_seq"], rows[a]["max@1"]) for a in pool})
+        for a in pool:
+            out.setdefault(a, {})[f"on_front_{family}"] = float(a in front)
+        share = sum(name_of(n) in front for n in BON_N) / len(BON_N)
+        mean_share = sum(mean_name(c) in front for c in MEAN_KL) / len(MEAN_KL)
+        out[name_of(BON_N[0])].update(front_share=share,
+                                      front_share_minus_mean_rl=share - mean_share)  # fmt: skip
+        out.setdefault(mean_name(MEAN_KL[0]), {})[f"front_share_{family}"] = mean_share
     return out
 
 
@@ -140,13 +221,14 @@ def plot(table, rows, path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for family, names, colour in (
         ("mean-RL, kl_coef", [mean_name(c) for c in MEAN_KL], "C0"),
-        ("BoN distillation, n", [bon_name(n) for n in BON_N], "C3"),
+        ("kjax's BoN distillation (moving anchor), n", [bon_name(n) for n in BON_N], "C3"),
+        ("vBoN (fixed reference anchor), n", [vbon_name(n) for n in BON_N], "C2"),
     ):
         xs, ys = [], []
         for name in names:
             kl, reward = values(rows, name, "kl_seq"), values(rows, name, "max@1")
             seeds = sorted(set(kl) & set(reward))
-            if not seeds:
+            if len(seeds) < 2:
                 continue
             ax.scatter([kl[s] for s in seeds], [reward[s] for s in seeds], s=8, c=colour,
                        alpha=0.3)  # fmt: skip
@@ -157,6 +239,8 @@ def plot(table, rows, path) -> None:
                         xytext=(4, 4), fontsize=7, color=colour)  # fmt: skip
             xs.append(x)
             ys.append(y)
+        if not xs:
+            continue
         order = np.argsort(xs) if family.startswith("mean") else range(len(xs))
         ax.plot([xs[i] for i in order], [ys[i] for i in order], c=colour, label=family)
     warm = [r["metrics"]["start/max@1"] for r in rows
@@ -172,18 +256,43 @@ def plot(table, rows, path) -> None:
     plt.close(fig)
 
 
-def _claim(n: int) -> Claim:
-    """10b.n (module docstring); the first row carries the sources, the others refer to it."""
+FRONT_MARGIN = 0.25  # kjax's: one of the four BoN points of a seed more (or less) on the front
+
+
+def _front_claim(family: str) -> Claim:
+    """10b (vBoN's words) for the fixed anchor, 10b' (kjax's) for the moving anchor."""
+    if family == "vbon":
+        text = (
+            "vBoN (Amini et al. 2024, abstract): vBoN 'appears more frequently on the Pareto "
+            "frontier of reward and KL divergence' than KL-constrained RL. Per seed, the "
+            f"front of that seed's {len(MEAN_KL)} mean-RL points (kl_coef "
+            f"{', '.join(f'{c:g}' for c in MEAN_KL)}) and {len(BON_N)} vBoN points (vBoN's "
+            "objective: fixed reference anchor, KL weight 1; n = "
+            f"{', '.join(map(str, BON_N))}); the difference of the shares of each method's "
+            "points on it, vBoN minus mean-RL, > 0 (the paper gives no number; BOND's text "
+            "could not be read, so no BOND claim)"
+        )
+        return Claim("10b", text, "front_share_minus_mean_rl", vbon_name(BON_N[0]), None,
+                     ClaimKind.GREATER, equivalence_margin=FRONT_MARGIN)  # fmt: skip
     text = (
-        f"vBoN (Amini et al. 2024; BOND's text could not be read, so no BOND claim): BoN "
-        f"distillation lies on or above "
-        f"KL-regularised RL's reward-KL frontier; n = {n}: at its KL, mean reward at least "
-        f"mean-RL's there (interpolated over kl_coef, inside the measured range), within "
-        f"{MARGIN:g} (kjax's margin). The arm is kjax's BON_DISTILL, anchored to the current "
-        "policy (BOND's moving anchor without its Jeffreys divergence), not vBoN's fixed "
-        "reference; vBoN's own words are a count ('appears more frequently on the Pareto "
-        "frontier'), and mean-RL is unmeasured between KL 0.09 and 0.33, where the BoN "
-        "points lie (issue 46; not yet run)"
+        "kjax (10b's measure for kjax's BON_DISTILL, the moving anchor: the group's other "
+        "samples, BOND's anchor without its Jeffreys divergence, at kl_coef = n): its share "
+        "of points on the front of its own points and mean-RL's, minus mean-RL's share, > 0"
+    )
+    return Claim("10b'", text, "front_share_minus_mean_rl", bon_name(BON_N[0]), None,
+                 ClaimKind.GREATER, equivalence_margin=FRONT_MARGIN)  # fmt: skip
+
+
+def _claim(n: int) -> Claim:
+    """10b.n (module docstring), kjax's; the first row carries the text, the others refer
+    to it."""
+    text = (
+        f"kjax (the form of 10b before issue 46; vBoN's words are 10b's count): kjax's "
+        f"moving-anchor BON_DISTILL at n = {n} lies on or above KL-regularised mean-RL's "
+        f"reward-KL curve: at its KL, mean reward at least mean-RL's there (interpolated over "
+        f"kl_coef, inside the measured range), within {MARGIN:g} (kjax's margin); the curve "
+        f"now joins {len(MEAN_KL)} kl_coef (0.3 and 0.5 added to fill KL 0.09-0.40, where "
+        "the BoN points lie)"
         if n == BON_N[0]
         else f"... n = {n}"
     )
@@ -203,8 +312,9 @@ TABLE = harness.Table(
     title="Reward-KL frontier: BoN distillation (n = 2..16) vs KL-regularised mean-RL "
     "(tiny_countdown, near-miss reward)",
     arms=tuple(Arm(mean_name(c), mean_rl(c)) for c in MEAN_KL)
-    + tuple(Arm(bon_name(n), bon(n)) for n in BON_N),
-    claims=tuple(_claim(n) for n in BON_N),
+    + tuple(Arm(bon_name(n), bon(n)) for n in BON_N)
+    + tuple(Arm(vbon_name(n), vbon(n)) for n in BON_N),
+    claims=(_front_claim("vbon"), _front_claim("moving")) + tuple(_claim(n) for n in BON_N),
     columns=(
         ("mean reward (max@1)", "max@1"),
         ("KL per sequence", "kl_seq"),
@@ -216,6 +326,10 @@ TABLE = harness.Table(
         ("mean-RL's reward at this KL", "mean_rl_at_kl"),
         ("reward - mean-RL's at this KL", "reward_vs_mean_rl"),
         ("inside mean-RL's KL range", "in_range"),
+        ("on the front with vBoN (share of seeds)", "on_front_vbon"),
+        ("on the front with kjax's BoN (share of seeds)", "on_front_moving"),
+        ("family's share of points on the front", "front_share"),
+        ("share on the front - mean-RL's", "front_share_minus_mean_rl"),
     ),
     base=t10.base,
     budget=f"{t10.STEPS} RL steps of {t10.B} x {t10.N} (PG) from one 1500-step SFT warm "
@@ -226,7 +340,7 @@ TABLE = harness.Table(
     execute=t10.execute,
     per_seed=matched_kl,
     plot=plot,
-    smoke_arms=(mean_name(0.2), bon_name(2)),
+    smoke_arms=(mean_name(0.2), bon_name(2), vbon_name(2)),
 )
 
 

@@ -26,6 +26,7 @@ from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
 from kjax.rl.objective_config import (
     IDENTITY_IF_SET,
     OFFPOLICY_ESTIMATORS,
+    BonAnchor,
     KSchedule,
     KScheduleKind,
     Objective,
@@ -56,6 +57,7 @@ from kjax.tasks.math import Config as MathConfig
 __all__ = [
     "ArithConfig",
     "AttentionBackend",
+    "BonAnchor",
     "CheckpointConfig",
     "CodeConfig",
     "CountdownConfig",
@@ -451,6 +453,14 @@ class TrainConfig:
                 "dynamic_sampling=false or another baseline",
                 True,
             )
+        need(
+            self.objective.bon_anchor is not BonAnchor.REFERENCE or self.rl.kl_coef > 0,
+            "objective.bon_anchor",
+            "is REFERENCE, whose anchor samples come from the fixed KL reference, but "
+            "rl.kl_coef is 0 (no reference is held, and vBoN's objective has the KL term); "
+            "set rl.kl_coef > 0 (vBoN's weight is 1) or bon_anchor=group",
+            "REFERENCE",
+        )
         need(
             not (self.dynamic_sampling and self.objective.max_at_k_shrinkage),
             "dynamic_sampling",

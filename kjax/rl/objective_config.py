@@ -47,6 +47,22 @@ class RewardSource(enum.Enum):
     MAJORITY_VOTE = "majority_vote"
 
 
+class BonAnchor(enum.Enum):
+    """Whose best-of-k BON_DISTILL distils (docs/estimators.md section 8).
+
+    GROUP: the group's other N - 1 samples, i.e. the current policy (BOND's moving anchor,
+      refreshed every step; kjax's default, without BOND's Jeffreys divergence).
+    REFERENCE: ObjectiveConfig.bon_anchor_samples = M fresh samples per prompt from the
+      fixed KL reference (the warm start, rl.kl_coef > 0), scored by the task's verifier:
+      vBoN's objective, E_pi[log(w_k / k)] - KL(pi || pi_ref), whose maximiser at
+      rl.kl_coef = 1 is the best-of-k distribution of the reference (of its empirical
+      CDF from the M anchors).
+    """
+
+    GROUP = "group"
+    REFERENCE = "reference"
+
+
 class KScheduleKind(enum.Enum):
     CONSTANT = "constant"  # k_start forever
     LINEAR = "linear"  # round(k_start + (k_end - k_start) * step / steps), then k_end
@@ -181,8 +197,13 @@ class ObjectiveConfig:
       label-free vote; any objective but MAJORITY_AT_K).
     min_agreement: MAJORITY_VOTE only: groups whose plurality holds fewer than this
       fraction of the N samples get no label (all rewards 0); 0 labels every group.
+    bon_anchor: BON_DISTILL only: BonAnchor, the group (GROUP, the default: the current
+      policy) or M fresh samples of the fixed reference per prompt (REFERENCE: vBoN's
+      objective; needs rl.kl_coef > 0, and rl.kl_coef = 1 is vBoN's weight).
+    bon_anchor_samples: M, the reference samples per prompt of bon_anchor=REFERENCE (>= 1;
+      M = N reuses the sampler compiled for the policy's samples); 0 otherwise.
 
-    The last three fields were added after runs had been written; at their defaults they
+    The last five fields were added after runs had been written; at their defaults they
     are left out of the run's identity (kjax.rl.config.to_json), so those runs resume.
     """
 
@@ -198,6 +219,8 @@ class ObjectiveConfig:
         default=RewardSource.VERIFIER, metadata=IDENTITY_IF_SET
     )
     min_agreement: float = dataclasses.field(default=0.0, metadata=IDENTITY_IF_SET)
+    bon_anchor: BonAnchor = dataclasses.field(default=BonAnchor.GROUP, metadata=IDENTITY_IF_SET)
+    bon_anchor_samples: int = dataclasses.field(default=0, metadata=IDENTITY_IF_SET)
 
     def __post_init__(self):
         for field, cls in (
@@ -205,6 +228,7 @@ class ObjectiveConfig:
             ("mean_baseline", MeanBaseline),
             ("max_at_k_estimator", MaxAtKEstimator),
             ("reward", RewardSource),
+            ("bon_anchor", BonAnchor),
         ):
             value = coerce_enum(getattr(self, field), cls, f"ObjectiveConfig.{field}")
             object.__setattr__(self, field, value)
@@ -247,6 +271,30 @@ class ObjectiveConfig:
                     f"`ObjectiveConfig.{field}` must be a bool; got {getattr(self, field)!r}."
                 )
         self._check_shrinkage_and_reward()
+        self._check_bon_anchor()
+
+    def _check_bon_anchor(self) -> None:
+        m = check_int(self.bon_anchor_samples, "ObjectiveConfig.bon_anchor_samples", 0)
+        object.__setattr__(self, "bon_anchor_samples", m)
+        if self.bon_anchor is BonAnchor.REFERENCE:
+            if self.objective is not Objective.BON_DISTILL:
+                raise ValueError(
+                    "`ObjectiveConfig.bon_anchor`=REFERENCE is the anchor of best-of-k "
+                    f"distillation; objective is {self.objective.name}. Set "
+                    "objective=bon_distill, or leave bon_anchor=group."
+                )
+            if m < 1:
+                raise ValueError(
+                    "`ObjectiveConfig.bon_anchor_samples` must be >= 1 with "
+                    "bon_anchor=REFERENCE (M reference samples per prompt estimate the "
+                    f"reference's reward CDF); got {m}. E.g. set it to N (config.samples)."
+                )
+        elif m:
+            raise ValueError(
+                f"`ObjectiveConfig.bon_anchor_samples`={m} is only read with "
+                "bon_anchor=REFERENCE (the GROUP anchor is the group's own samples); unset "
+                "it or set bon_anchor=reference."
+            )
 
     def _check_shrinkage_and_reward(self) -> None:
         if self.max_at_k_shrinkage and not (
@@ -312,7 +360,13 @@ class ObjectiveConfig:
             # k is best-of-k's n, a target rather than a subset size: k > N is fine.
             if min(ks) < 2:
                 raise ValueError(f"`{field}`: BON_DISTILL needs k >= 2 (best-of-k); got k in {ks}.")
-            if n < 3:
+            if self.bon_anchor is BonAnchor.REFERENCE and n < 2:
+                raise ValueError(
+                    f"`N (samples per prompt)`={n}: BON_DISTILL with bon_anchor=REFERENCE "
+                    "takes a leave-one-out (RLOO) baseline of the transformed rewards, so it "
+                    "needs N >= 2."
+                )
+            if self.bon_anchor is BonAnchor.GROUP and n < 3:
                 raise ValueError(
                     f"`N (samples per prompt)`={n}: BON_DISTILL's anchors are the group's other "
                     "samples and its baseline leaves two out, so it needs N >= 3."
