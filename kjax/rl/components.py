@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import checkpoint, sharding, writer_lock
 from kjax.models import Llama, LlamaConfig, lora
 from kjax.rl import multihost, sft
-from kjax.rl.config import EvalSplit, ModelKind, Objective, TrainConfig, to_json
+from kjax.rl.config import BonAnchor, EvalSplit, ModelKind, Objective, TrainConfig, to_json
 from kjax.rl.metrics_writer import MetricsWriter
 from kjax.rl.objective import compute_advantages, offpolicy_reweighter
 from kjax.rl.optim import make_optimizer
@@ -37,7 +37,8 @@ class Components:
 
     step_fn: (state, RLBatch, ref_params, k) -> (state, metrics) (kjax.rl.train_step).
     sampler: (params, prompts, prompt_mask, key, temperature, n=) -> kjax.sampling.Rollouts.
-    advantages: (ObjectiveConfig, k, scores, answer_ids, target) -> [B, N], jitted
+    advantages: (ObjectiveConfig, k, scores, answer_ids, target, anchor_scores) -> [B, N],
+      jitted
       (kjax.rl.objective.compute_advantages; one compile per distinct k).
     ref_params: the frozen KL reference (None without a KL penalty).
     pool: a kjax.rewards.pool.VerifierPool, or None to verify in this process.
@@ -47,6 +48,8 @@ class Components:
       arrays, or a copy resharded onto the sampling group).
     base_id: under LoRA, lora.fingerprint of the frozen base: checkpoints then hold the
       adapters and this identity, never the base (None: full fine-tuning).
+    anchor_params: under objective.bon_anchor=REFERENCE, the sampler's copy of ref_params,
+      which the loop samples best-of-n's anchors from (None otherwise).
     """
 
     cfg: TrainConfig
@@ -70,6 +73,7 @@ class Components:
     to_sampler: Callable
     lock: Any = None  # the workdir's writer lock (kjax.writer_lock), held until close()
     base_id: str | None = None
+    anchor_params: Any = None
 
     @property
     def overlaps(self) -> bool:
@@ -272,6 +276,7 @@ def _build(cfg: TrainConfig, workdir, log, identity, lock) -> tuple[Components, 
     params = attach_lora(cfg, params)
     base_id = lora.fingerprint(lora.split(params)[1]) if cfg.model.lora.enabled else None
     ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl_coef > 0 else None
+    reference_anchor = cfg.objective.bon_anchor is BonAnchor.REFERENCE  # validate: kl_coef > 0
     optimizer = make_optimizer(cfg.optimizer)
     state = init_train_state(params, optimizer, jax.random.key(cfg.seed), mesh)
     step_fn, sampler = step_and_sampler(cfg, model_config, mesh, state, task, sampler_mesh)
@@ -305,6 +310,7 @@ def _build(cfg: TrainConfig, workdir, log, identity, lock) -> tuple[Components, 
         to_sampler=_to_sampler(sampler_mesh),
         lock=lock,
         base_id=base_id,
+        anchor_params=_to_sampler(sampler_mesh)(ref_params) if reference_anchor else None,
     )
     return components, state
 

@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _EVAL_STREAM = 2**31 - 1  # fold_in constant of the evaluation key (fixed across evals)
+_ANCHOR_STREAM = 2**31 - 2  # fold_in constant of the reference anchors' key (bon_anchor)
 _MAX_REFILLS = 4  # dynamic sampling draws at most this many prompt batches per step
 
 
@@ -101,6 +102,7 @@ class _Sampling(NamedTuple):
     prompt_mask: np.ndarray
     out: object  # kjax.sampling.Rollouts of device arrays
     start: float
+    anchor: _Sampling | None = None  # bon_anchor=REFERENCE: the reference's anchor samples
 
 
 def dispatch_rollout(
@@ -120,6 +122,20 @@ def dispatch_rollout(
         n=n,
     )
     return _Sampling(examples, prompts, pmask, out, t0)
+
+
+def dispatch_samples(
+    c: Components, params, examples: Sequence[dict], key, n: int, temperature: float
+) -> _Sampling:
+    """dispatch_rollout of a training step; under objective.bon_anchor=REFERENCE also the
+    objective.bon_anchor_samples anchor samples of the same prompts from the fixed
+    reference (c.anchor_params), on device, dispatched right after (key folded apart)."""
+    s = dispatch_rollout(c, params, examples, key, n, temperature)
+    if c.anchor_params is None:
+        return s
+    m = c.cfg.objective.bon_anchor_samples
+    key = jax.random.fold_in(key, _ANCHOR_STREAM)
+    return s._replace(anchor=dispatch_rollout(c, c.anchor_params, examples, key, m, temperature))
 
 
 def finish_rollout(c: Components, s: _Sampling) -> Rollout:
@@ -222,7 +238,7 @@ def begin_prepare(c: Components, params, batches: Batches, step: int) -> tuple[i
     sampler's copy); finish with end_prepare. Draws the step's first prompt batch."""
     key = jax.random.fold_in(jax.random.fold_in(c.base_key, step), 0)
     cfg = c.cfg
-    return step, dispatch_rollout(c, params, next(batches), key, cfg.samples, cfg.temperature)
+    return step, dispatch_samples(c, params, next(batches), key, cfg.samples, cfg.temperature)
 
 
 def end_prepare(c: Components, params, batches: Batches, begun) -> Prepared:
@@ -238,7 +254,7 @@ def end_prepare(c: Components, params, batches: Batches, begun) -> Prepared:
     candidates = []
     for attempt in range(_MAX_REFILLS):
         if attempt:
-            sampling = dispatch_rollout(
+            sampling = dispatch_samples(
                 c,
                 params,
                 next(batches),
@@ -247,6 +263,7 @@ def end_prepare(c: Components, params, batches: Batches, begun) -> Prepared:
                 cfg.temperature,
             )
         ro = finish_rollout(c, sampling)
+        anchor = None if sampling.anchor is None else finish_rollout(c, sampling.anchor)
         t = time.perf_counter()
         v = ro.verdicts
         adv = np.asarray(
@@ -256,10 +273,12 @@ def end_prepare(c: Components, params, batches: Batches, begun) -> Prepared:
                 jnp.asarray(v.scores),
                 jnp.asarray(v.answer_ids),
                 jnp.asarray(v.target),
+                None if anchor is None else jnp.asarray(anchor.verdicts.scores),
             )
         )
-        timing["sample"] += ro.seconds[0]
-        timing["verify"] += ro.seconds[1]
+        for r in (ro,) if anchor is None else (ro, anchor):
+            timing["sample"] += r.seconds[0]
+            timing["verify"] += r.seconds[1]
         timing["advantages"] += time.perf_counter() - t
         for name, count in v.counts.items():
             tallies[name] = tallies.get(name, 0) + int(count)

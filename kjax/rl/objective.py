@@ -21,6 +21,7 @@ from kjax.objectives.pseudo_label import majority_pseudo_rewards
 from kjax.objectives.shrinkage import shrink_max_at_k_mixture_advantages
 from kjax.rl.objective_config import (
     OFFPOLICY_ESTIMATORS,
+    BonAnchor,
     KSchedule,
     KScheduleKind,
     Objective,
@@ -50,6 +51,7 @@ def compute_advantages(
     scores: jax.Array,
     answer_ids: jax.Array | None = None,
     target: jax.Array | None = None,
+    anchor_scores: jax.Array | None = None,
 ) -> jax.Array:
     """Per-sample advantages [B, N] in the sum convention, under stop_gradient.
 
@@ -75,7 +77,12 @@ def compute_advantages(
       anchor, coefficient k would make best-of-k of the warm start stationary only with
       exact CDFs on continuous rewards; with the group's N - 1 anchors and the CDF floor
       the stationary point lies well short of it (n = 8, N = 16: nearest best-of-3.3;
-      docs/estimators.md section 8).
+      docs/estimators.md section 8). With bon_anchor=REFERENCE (vBoN's objective):
+      bon_distill_advantages(scores, k, anchor_rewards=anchor_scores), the anchors being
+      M samples per prompt of the fixed reference (the loop draws them), an RLOO baseline;
+      its expected update is exactly the gradient of E_pi[log(w_k / k)] under the anchors'
+      empirical CDF, and with rl.kl_coef = 1 (K2) the objective's maximiser is the
+      reference's best-of-k.
 
     Args:
       cfg: ObjectiveConfig (hashable: pass it as a static argument under jit).
@@ -83,6 +90,8 @@ def compute_advantages(
       scores: [B, N] float rewards.
       answer_ids: [B, N] int answer classes (-1 abstains); MAJORITY_AT_K only.
       target: [B] int correct class per prompt; MAJORITY_AT_K only.
+      anchor_scores: [B, M] float rewards of the reference's samples of the same prompts;
+        BON_DISTILL with bon_anchor=REFERENCE only (required there, refused elsewhere).
 
     Returns:
       [B, N] advantages in scores' float dtype.
@@ -96,6 +105,17 @@ def compute_advantages(
             f"`scores` must be float [B, N]; got {scores.dtype} shape {tuple(scores.shape)}."
         )
     n = scores.shape[1]
+    reference = cfg.bon_anchor is BonAnchor.REFERENCE
+    if reference and anchor_scores is None:
+        raise ValueError(
+            "`anchor_scores` [B, M] (the fixed reference's samples' rewards) is required for "
+            "BON_DISTILL with bon_anchor=REFERENCE."
+        )
+    if anchor_scores is not None and not reference:
+        raise ValueError(
+            "`anchor_scores` is only read by BON_DISTILL with bon_anchor=REFERENCE; got "
+            f"objective {cfg.objective.name}, bon_anchor {cfg.bon_anchor.name}."
+        )
     if cfg.reward is RewardSource.MAJORITY_VOTE:
         if answer_ids is None:
             raise ValueError("`answer_ids` is required for reward=MAJORITY_VOTE.")
@@ -115,6 +135,9 @@ def compute_advantages(
             return adv / n
         return adv
     if cfg.objective is Objective.BON_DISTILL:
+        if reference:
+            anchors = jnp.asarray(anchor_scores).astype(scores.dtype)
+            return bon_distill_advantages(scores, k, anchor_rewards=anchors)
         return bon_distill_advantages(scores, k)
     if cfg.objective is Objective.MAX_AT_K_MIXTURE:
         weights = (

@@ -46,7 +46,7 @@ from kjax.progress import progress as progress_bar
 from kjax.rl import loop
 from kjax.rl import task as task_lib
 from kjax.rl.components import Components, build_components
-from kjax.rl.config import RewardSource, TrainConfig, to_json
+from kjax.rl.config import BonAnchor, RewardSource, TrainConfig, to_json
 from kjax.rl.objective import compute_advantages
 from kjax.rl.train_step import RLBatch, TrainState
 
@@ -107,6 +107,11 @@ def unsupported(cfg: TrainConfig) -> str | None:
         return (
             "mesh.sampler_devices > 0 (a separate sampling group) is not supported in "
             "lockstep; set it to 0 or use train_and_evaluate."
+        )
+    if cfg.objective.bon_anchor is BonAnchor.REFERENCE:
+        return (
+            "objective.bon_anchor=REFERENCE samples anchors from the fixed reference each "
+            "step, which the lockstep does not; train it with train_and_evaluate."
         )
     if jax.process_count() > 1:
         return "it runs in one process; use train_and_evaluate on multihost."
