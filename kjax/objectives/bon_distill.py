@@ -45,6 +45,8 @@ Two anchors:
   fixed (bon_log_cdf_rewards): the anchor rewards come from pi_ref, independent of the
     group. R is then a fixed function of r, and the score-function estimator is exactly
     unbiased for grad E_pi[R] (with M anchors, R uses the empirical F of those anchors).
+    The trainer's ObjectiveConfig(BON_DISTILL, bon_anchor=REFERENCE, bon_anchor_samples=M)
+    draws those anchors each step from the fixed KL reference (vBoN's objective).
   leave-one-out (bon_log_cdf_rewards_loo): sample i's anchors are the other N - 1
     samples of its own group, i.e. the current policy (BOND's moving anchor, with the
     anchor updated every step). See that function for what this costs.

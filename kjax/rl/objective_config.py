@@ -19,7 +19,8 @@ class Objective(enum.Enum):
     """What J is: E[r] (MEAN), E[max of k rewards] (MAX_AT_K; pass@k on {0,1}), maj@k,
     sum_k w_k max@k (MAX_AT_K_MIXTURE; MaxRL's truncated likelihood with w_k = 1/k), or
     best-of-k distillation (BON_DISTILL: E[log(w_k / k)] of the best-of-k weight against
-    the group's other samples, vBoN / BOND; its KL half is rl.kl_coef, see
+    the group's other samples (BOND's moving anchor) or, with bon_anchor=REFERENCE,
+    against samples of the fixed reference (vBoN); its KL half is rl.kl_coef, see
     docs/estimators.md section 8)."""
 
     MEAN = "mean"
