@@ -163,8 +163,11 @@ SHORT = {
     "8c'": "8c from a strong warm start (kjax's margin; post hoc)",
     "10a": "one sample within 0.05 of warm start's best-of-8 (kjax's margin; moving anchor)",
     "10c": "BoN distillation raises mean reward over warm start (vBoN's premise; kjax's test)",
-    "10b.2": "BoN distillation on/above mean-RL's reward-KL front, n = 2 (kjax's margin "
-    "0.01; moving anchor)",
+    "10b": "vBoN (fixed reference anchor) more often on the reward-KL Pareto front than "
+    "KL-regularised RL: share of its points on the per-seed front minus mean-RL's",
+    "10b'": "kjax: the same for kjax's moving-anchor BoN distillation",
+    "10b.2": "kjax: moving-anchor BoN distillation on/above mean-RL's interpolated "
+    "reward-KL curve, n = 2 (kjax's margin 0.01)",
     "10b.4": "... n = 4",
     "10b.8": "... n = 8",
     "10b.16": "... n = 16",

@@ -72,6 +72,15 @@ here at seed 0 (both arms) and seed 1 (mean-RL), each matched table 10's committ
 for bit in every metric, so their other seeds' rows are table 10's committed rows (each
 marked "reused_from", with the provenance of the run that made it), as --reuse_runs would
 have taken them had table 10's workdir been kept.
+
+Issue 46's run (2026-12-06, 2 AMD EPYC cores shared with four other jobs, load average
+15-25): the 6 new arms x 10 seeds, 5.14 h of run time (93-680 s a run), 71 min wall with
+3-7 workers sharing the workdir; the first run's 80 rows kept as committed (their per-seed
+columns recomputed over all 14 arms). The warm start, trained again, is the same: every
+new run's warm-start evaluation equals the committed rows' of its seed bit for bit.
+Verdicts: 10b and 10b' opposite direction (vBoN's share of points on the front 0.40
+against mean-RL's 0.97, the moving anchor's 0); 10b.2-10b.16 still worse than the margin
+(docs/tables/bon_frontier.md).
 """
 
 from __future__ import annotations
@@ -309,8 +318,8 @@ def _claim(n: int) -> Claim:
 
 TABLE = harness.Table(
     name="bon_frontier_table",
-    title="Reward-KL frontier: BoN distillation (n = 2..16) vs KL-regularised mean-RL "
-    "(tiny_countdown, near-miss reward)",
+    title="Reward-KL frontier: best-of-n distillation, vBoN's fixed anchor and kjax's moving "
+    "anchor (n = 2..16), vs KL-regularised mean-RL (tiny_countdown, near-miss reward)",
     arms=tuple(Arm(mean_name(c), mean_rl(c)) for c in MEAN_KL)
     + tuple(Arm(bon_name(n), bon(n)) for n in BON_N)
     + tuple(Arm(vbon_name(n), vbon(n)) for n in BON_N),
