@@ -188,7 +188,7 @@ def matched_kl(table, seed: int, ctx) -> dict[str, dict[str, float]]:
     (1.0 / 0.0). Claim 10b's front, for each family F (vBoN's fixed anchor, kjax's moving
     anchor) on its own with the mean-RL arms: "on_front_F" (1.0 / 0.0) on every arm of the
     pool, and on F's n = 2 row "front_share" (the share of F's points on the front) and
-    "front_share_minus_mean_rl" (that minus the share of mean-RL's points on it), only when
+    "front_gap" (that minus the share of mean-RL's points on it), only when
     every arm of the pool ran. Nothing for an arm that did not run."""
     rows = {a.name: table_runs.run_one(table, a, seed, ctx)["metrics"] for a in table.arms}
     means = [mean_name(c) for c in MEAN_KL if "kl_seq" in rows.get(mean_name(c), {})]
@@ -212,7 +212,7 @@ def matched_kl(table, seed: int, ctx) -> dict[str, dict[str, float]]:
         share = sum(name_of(n) in front for n in BON_N) / len(BON_N)
         mean_share = sum(mean_name(c) in front for c in MEAN_KL) / len(MEAN_KL)
         out[name_of(BON_N[0])].update(front_share=share,
-                                      front_share_minus_mean_rl=share - mean_share)  # fmt: skip
+                                      front_gap=share - mean_share)  # fmt: skip
         out.setdefault(mean_name(MEAN_KL[0]), {})[f"front_share_{family}"] = mean_share
     return out
 
@@ -281,14 +281,14 @@ def _front_claim(family: str) -> Claim:
             "points on it, vBoN minus mean-RL, > 0 (the paper gives no number; BOND's text "
             "could not be read, so no BOND claim)"
         )
-        return Claim("10b", text, "front_share_minus_mean_rl", vbon_name(BON_N[0]), None,
+        return Claim("10b", text, "front_gap", vbon_name(BON_N[0]), None,
                      ClaimKind.GREATER, equivalence_margin=FRONT_MARGIN)  # fmt: skip
     text = (
         "kjax (10b's measure for kjax's BON_DISTILL, the moving anchor: the group's other "
         "samples, BOND's anchor without its Jeffreys divergence, at kl_coef = n): its share "
         "of points on the front of its own points and mean-RL's, minus mean-RL's share, > 0"
     )
-    return Claim("10b'", text, "front_share_minus_mean_rl", bon_name(BON_N[0]), None,
+    return Claim("10b'", text, "front_gap", bon_name(BON_N[0]), None,
                  ClaimKind.GREATER, equivalence_margin=FRONT_MARGIN)  # fmt: skip
 
 
@@ -338,7 +338,7 @@ TABLE = harness.Table(
         ("on the front with vBoN (share of seeds)", "on_front_vbon"),
         ("on the front with kjax's BoN (share of seeds)", "on_front_moving"),
         ("family's share of points on the front", "front_share"),
-        ("share on the front - mean-RL's", "front_share_minus_mean_rl"),
+        ("share on the front - mean-RL's", "front_gap"),
     ),
     base=t10.base,
     budget=f"{t10.STEPS} RL steps of {t10.B} x {t10.N} (PG) from one 1500-step SFT warm "

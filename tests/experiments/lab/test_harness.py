@@ -25,7 +25,14 @@ from experiments.lab import claims, harness, table_cli, table_runs, tuning
 from experiments.lab.claims import Claim, ClaimKind, MetricKey
 from experiments.lab.harness import Arm
 from experiments.lab.provenance import CPU_FEATURES, cpu_features, git_commit, provenance
-from kjax.rl.config import ArithConfig, EvalSplit, Objective, ObjectiveConfig, TrainConfig
+from kjax.rl.config import (
+    ArithConfig,
+    BonAnchor,
+    EvalSplit,
+    Objective,
+    ObjectiveConfig,
+    TrainConfig,
+)
 
 # Five paired differences standardised to mean 0 and sd 1: x = mean + sd * Z has its 95%
 # t-interval at exactly mean +- t_{0.975,4} sd / sqrt(5).
@@ -627,8 +634,9 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
 
 
 def test_fingerprint_leaves_out_a_later_field_at_its_default():
-    """Rows fingerprinted before sampler_compact_floor, rl.pack, model.attention and
-    model.lora stay reusable (the hash without them); setting any changes the hash."""
+    """Rows fingerprinted before sampler_compact_floor, rl.pack, model.attention,
+    model.lora and objective.bon_anchor(_samples) stay reusable (the hash without them);
+    setting any changes the hash."""
     import hashlib
 
     from kjax.lora_config import LoraConfig
@@ -638,7 +646,8 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
     cfg = TrainConfig()
     fields = dataclasses.asdict(cfg)
     del fields["sampler_compact_floor"], fields["rl"]["pack"], fields["model"]["attention"]
-    del fields["model"]["lora"]
+    del fields["model"]["lora"], fields["objective"]["bon_anchor"]
+    del fields["objective"]["bon_anchor_samples"]
     before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
     assert harness.fingerprint(cfg) == before[:16]
     for on in (
@@ -648,5 +657,11 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
             cfg, model=dataclasses.replace(cfg.model, attention=AttentionBackend.SPLASH)
         ),
         dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=LoraConfig(rank=4))),
+        dataclasses.replace(
+            cfg,
+            objective=ObjectiveConfig(
+                Objective.BON_DISTILL, k=4, bon_anchor=BonAnchor.REFERENCE, bon_anchor_samples=4
+            ),  # fmt: skip
+        ),
     ):
         assert harness.fingerprint(on) != harness.fingerprint(cfg)

@@ -86,7 +86,7 @@ def test_committed_front_shares_follow_from_the_committed_points():
             mean_share = sum(a not in off for a in means) / len(means)
             m = by_arm[name_of(frontier.BON_N[0])]
             assert m["front_share"] == pytest.approx(share)
-            assert m["front_share_minus_mean_rl"] == pytest.approx(share - mean_share)
+            assert m["front_gap"] == pytest.approx(share - mean_share)
             for a in means + bons:
                 assert by_arm[a][f"on_front_{family}"] == float(a not in off)
 
