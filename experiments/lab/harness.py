@@ -220,10 +220,18 @@ _LATER_DEFAULTS = {
     "objective.bon_anchor": "GROUP",  # BON_DISTILL's moving anchor (kjax.rl.objective_config)
     "objective.bon_anchor_samples": 0,
 }
+# Fields added before the ones above, after some committed rows were written (tables 10b,
+# 1-3 of 2026-12-04/05 predate them) but before others (table 11 holds them): a row
+# matches with these in the hash (at whatever value) or, at these values, without them.
+_OLDER_DEFAULTS = {
+    "mesh.sampler_devices": 0,  # the sampler on the update's devices
+    "rl.policy_lag": 0,  # on-policy
+    "rl.lag_correction": "NONE",
+}
 
 
-def _drop_later_defaults(fields: dict) -> None:
-    for path, default in _LATER_DEFAULTS.items():
+def _drop_later_defaults(fields: dict, defaults: dict = _LATER_DEFAULTS) -> None:
+    for path, default in defaults.items():
         *parents, name = path.split(".")
         group = fields
         for p in parents:
@@ -235,16 +243,19 @@ def _drop_later_defaults(fields: dict) -> None:
             del group[name]
 
 
-def fingerprint(cfg, workdir: pathlib.Path | None = None) -> str:
+def fingerprint(cfg, workdir: pathlib.Path | None = None, *, older: bool = False) -> str:
     """A short hash of a run's whole config (a dataclass), stored with its result. Given the
     table's workdir, the warm start's folder (sft.cache_dir) counts relative to it when
     inside it (absolute otherwise): how the workdir is spelled (relative, absolute), moved
     or copied is no part of a run, while a warm start in another folder still is. Without
-    a workdir: the hash of rows written before, with the folder as this process spells it."""
+    a workdir: the hash of rows written before, with the folder as this process spells it.
+    older: also without _OLDER_DEFAULTS' fields at their values (rows written before them)."""
     import hashlib
 
     fields = dataclasses.asdict(cfg)
     _drop_later_defaults(fields)  # at their defaults: what the stored rows ran
+    if older:
+        _drop_later_defaults(fields, _OLDER_DEFAULTS)
     sft = fields.get("sft")
     if workdir is not None and isinstance(sft, dict) and sft.get("cache_dir"):
         folder = pathlib.Path(os.path.abspath(sft["cache_dir"]))

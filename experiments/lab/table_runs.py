@@ -94,8 +94,11 @@ def write_result(path: pathlib.Path, row: dict) -> None:
 
 def matches(stored: str, cfg, workdir: pathlib.Path) -> bool:
     """Whether a row's config_sha is cfg's in this workdir: its fingerprint, or the one of
-    rows written before fingerprints were independent of the workdir's spelling."""
-    return stored in (fingerprint(cfg, workdir), fingerprint(cfg))
+    rows written before fingerprints were independent of the workdir's spelling, each also
+    as rows written before harness._OLDER_DEFAULTS' fields existed hashed it."""
+    return any(
+        stored == fingerprint(cfg, wd, older=older) for wd in (workdir, None) for older in (0, 1)
+    )
 
 
 def _reuse(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path) -> dict | None:

@@ -665,3 +665,27 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
         ),
     ):
         assert harness.fingerprint(on) != harness.fingerprint(cfg)
+
+
+def test_rows_from_before_the_lag_and_sampler_device_fields_still_match(tmp_path):
+    """Tables 1-3 and 10b's committed rows were fingerprinted before mesh.sampler_devices,
+    rl.policy_lag and rl.lag_correction existed: at those fields' defaults a row hashed
+    without them matches (table_runs.matches), one hashed with them still does, and a
+    lagged config does not match the older row."""
+    import hashlib
+
+    from experiments.lab import table_runs
+
+    cfg = TrainConfig()
+    fields = dataclasses.asdict(cfg)
+    harness._drop_later_defaults(fields)
+    del (
+        fields["mesh"]["sampler_devices"],
+        fields["rl"]["policy_lag"],
+        fields["rl"]["lag_correction"],
+    )
+    old = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
+    assert table_runs.matches(old[:16], cfg, tmp_path)
+    assert table_runs.matches(harness.fingerprint(cfg, tmp_path), cfg, tmp_path)
+    lagged = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, policy_lag=1))
+    assert not table_runs.matches(old[:16], lagged, tmp_path)
