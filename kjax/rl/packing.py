@@ -167,8 +167,11 @@ def packed_hidden(params, config: LlamaConfig, prompts, prompt_mask, packed: Pac
     own = c_pos.reshape(B * R, T)
     masks = forward.GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, own)
 
+    axes = forward._layer_axes(config)
+
     def block(x, inputs):
         layer, w = inputs
+        layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, as the padded path
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + R*T, ., E]
         out = forward.prompt_then_blocks_attention(q, k, v, S, T, w, masks)
         return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
