@@ -196,11 +196,11 @@ def check(kw: dict, T: int) -> Lengths:
     return Lengths(**{"tail": tail, "top": top, **kw})
 
 
-def rows_needed(lengths: np.ndarray, T: int) -> int:
-    """The most packed rows of T slots any group needs: first-fit decreasing of its
-    spans (longest first, ties by index, each into the first row with room), the rule of
-    kjax.rl.packing.plan / rows_needed."""
-    most = 1
+def group_rows(lengths: np.ndarray, T: int) -> np.ndarray:
+    """[B] packed rows of T slots each group needs: first-fit decreasing of its spans
+    (longest first, ties by index, each into the first row with room), the rule of
+    kjax.rl.packing.plan."""
+    out = []
     for group in np.asarray(lengths):
         fill: list[int] = []
         for span in sorted(group.tolist(), reverse=True):
@@ -210,8 +210,14 @@ def rows_needed(lengths: np.ndarray, T: int) -> int:
                     break
             else:
                 fill.append(span)
-        most = max(most, sum(f > 0 for f in fill))
-    return most
+        out.append(sum(f > 0 for f in fill))
+    return np.array(out)
+
+
+def rows_needed(lengths: np.ndarray, T: int) -> int:
+    """The most packed rows any group needs (>= 1): kjax.rl.packing.rows_needed, which
+    sizes the packed update's static R for the whole batch."""
+    return max(1, int(group_rows(lengths, T).max()))
 
 
 def packed_rows(needed: int, n: int) -> int:

@@ -34,6 +34,7 @@ class RealPlan:
     mean_tokens: float  # mean completion length of the step's B x N lengths
     longest: int
     rows_needed: int  # packed rows the fullest group needs (first-fit decreasing)
+    rows_mean: float  # packed rows the groups need on average (what sets nothing: R is static)
     rows: int  # R compiled: the packing bucket >= rows_needed
     update: Compiled  # the packed update at R
     sizes: tuple[int, ...]  # the compacting sampler's batch sizes
@@ -171,6 +172,7 @@ def plan_real(cfg: TrainConfig, c: LlamaConfig, static: Plan, lengths: L.Lengths
         mean_tokens=float(tokens.mean()),
         longest=int(tokens.max()),
         rows_needed=needed,
+        rows_mean=float(L.group_rows(tokens, T).mean()),
         rows=rows,
         update=update,
         sizes=tuple(sizes),
@@ -191,6 +193,7 @@ def summary(rp: RealPlan) -> dict:
         "mean_tokens": rp.mean_tokens,
         "longest": rp.longest,
         "rows_needed": rp.rows_needed,
+        "rows_mean": rp.rows_mean,
         "rows": rp.rows,
         "update": dataclasses.asdict(rp.update),
         "update_model_flops": rp.update_model_flops,
@@ -235,8 +238,9 @@ def report(rp: RealPlan) -> str:
         f"{rp.real_tokens:,.0f} real tokens (B N x (prompt + completion)) of "
         f"{B * N * (S + T):,} counted static",
         f"    packed update (rl.pack=GROUP): R = {rp.rows} rows per group (the fullest group "
-        f"needs {rp.rows_needed} of N = {N}); FLOPs {rp.update_flops_ratio:.2f}x its analytic "
-        f"count; peak {u.peak_bytes / GiB:.1f} GiB; compute / HBM / ICI "
+        f"needs {rp.rows_needed} of N = {N}, the mean group {rp.rows_mean:.1f}); FLOPs "
+        f"{rp.update_flops_ratio:.2f}x its analytic count; peak {u.peak_bytes / GiB:.1f} GiB; "
+        "compute / HBM / ICI "
         f"{u.compute_seconds(chip):.2f} / {u.hbm_seconds(chip):.2f} / "
         f"{u.ici_seconds(chip):.2f} s -> {rp.update_seconds:.2f} s (padded "
         f"{p.update_seconds:.2f} s)",
