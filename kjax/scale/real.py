@@ -117,13 +117,17 @@ class RealPlan:
 
     @property
     def peak_bytes(self) -> int:
-        return max(self.static.peak_bytes, self.update.peak_bytes,
+        """The programs this step runs: the packed update, the prefill and full-batch
+        decode steps (the compacting sampler starts at B N rows), the compacted steps. The
+        padded update is not among them."""
+        return max(self.update.peak_bytes, self.static.sampler_peak,
                    *(x.peak_bytes for _, x in self.compact))  # fmt: skip
 
     @property
     def fits(self) -> bool:
-        overflow = self.update.overflow or any(x.overflow for _, x in self.compact)
-        return self.static.fits and self.peak_bytes <= self.chip.hbm_bytes and not overflow
+        programs = [self.update, self.static.prefill, *self.static.decode]
+        overflow = any(x.overflow for x in programs + [x for _, x in self.compact])
+        return self.peak_bytes <= self.chip.hbm_bytes and not overflow
 
 
 def compact_floor(cfg: TrainConfig) -> int:
