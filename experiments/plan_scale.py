@@ -16,7 +16,11 @@ analytic count, the collectives, and a roofline projection of the RL step.
 config.json (no weights read); default: config.model.path's, or the TINY model.
 --mesh: data,fsdp,tensor (default: the preset's config.mesh); --search=N compiles up to N
 more meshes (data x fsdp x tensor, microbatches), those whose analytic memory bound fits
-the chip first, and ranks all by projected step time. --calibrate: kjax's plain
+the chip first, and ranks all by projected step time. --lengths=mean=0.4[,tail=0.05]
+(or a histogram, or a run's metrics.jsonl: kjax.scale.lengths.parse) also compiles, per
+mesh, the packed update at the rows that distribution needs and the compacting sampler's
+decode step at smaller live batches, and prints real tokens/s/chip and MFU on real tokens
+beside the static figure (kjax.scale.real). --calibrate: kjax's plain
 pre-training step of the model (kjax.scale.calibration; default mesh: fsdp over every
 chip) instead of the RL step. Every figure is compiled, not run.
 """
@@ -342,6 +346,12 @@ def parse(argv: list[str]):
         help="compile kjax's pre-training step in MaxText's Llama-3.1-8B v6e configuration "
         "for --topology instead, and set its projection beside MaxText's measurement",
     )
+    parser.add_argument(
+        "--lengths",
+        default="",
+        help="completion lengths for a real-token projection: mean=F[,tail=F][,top=F]"
+        "[,prompt=N], mean_tokens=N, hist=E:W/E:W, or a run's metrics.jsonl",
+    )
     parser.add_argument("--out", default="", help="JSON of every plan")
     args, rest = parser.parse_known_args(argv)
     items = {}
@@ -442,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         import jax.numpy as jnp
 
         from kjax import scale
+        from kjax.scale import lengths as scale_lengths
 
         c = model_config(cfg, args.model)
         for topology in args.topology.split(","):
@@ -455,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise ValueError(
                         f"--topology={topology}: {e} Give --mesh=DATA,FSDP,TENSOR for it."
                     ) from None
-        scale.Shape.of(cfg)
+        lengths = scale_lengths.parse(args.lengths, scale.Shape.of(cfg).T) if args.lengths else None
     except ValueError as e:
         print(f"experiments.plan_scale: error: {e}", file=sys.stderr)
         return 2
@@ -467,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{scale.matmul_params(c) / 1e9:.2f}B matmul params")  # fmt: skip
     if args.calibrate:
         return _calibrate(args, c, topologies, mesh, log)
-    plans, code = [], 0
+    plans, code, reals = [], 0, {}
     for topology in topologies:
         chips = scale.topology_chips(topology)
         micro = args.microbatches or cfg.rl.microbatches
@@ -484,6 +495,15 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             found.append(p)
             print(report(p), flush=True)
+            if lengths is not None:
+                from kjax.scale import real
+
+                try:
+                    reals[id(p)] = real.plan_real(cfg, c, p, lengths, log=log)
+                except ValueError as e:
+                    log(f"{topology} mesh {sizes} micro {m}: real tokens skipped ({e})")
+                    continue
+                print(real.report(reals[id(p)]), flush=True)
         fitting = sorted((p for p in found if p.fits), key=lambda p: p.step_seconds)
         if not found:
             code = 1
@@ -512,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
         plans += found
     if args.out:
         summaries = [_summary(p, args.config, args.model or cfg.model.path) for p in plans]
+        if reals:
+            from kjax.scale import real
+
+            for p, s in zip(plans, summaries, strict=True):
+                if id(p) in reals:
+                    s["real"] = real.summary(reals[id(p)])
         pathlib.Path(args.out).write_text(json.dumps(summaries, indent=1))
     log("done")
     return code

@@ -13,6 +13,16 @@ Preset `codecontests`: Tang et al. 2025's code setting, pass@k (k=8) on CodeCont
 the binary all-tests-pass reward, programs run in the sandbox by 32 verifier workers
 (--config.task.manual_dir holds code_contests/{train,test}.jsonl); --config.task.reward=
 fraction gives Bagirov et al.'s continuous max@k reward instead.
+
+Preset `nemo_rl`: NeMo-RL's published Llama-3.1-8B GRPO performance configuration as far
+as kjax can match it (NeMo-RL's performance summary, v0.5 H100 BF16 table: on-policy
+GRPO, 64 prompts x 32 generations = 2,048 samples per step, training global batch 512
+(4 optimizer steps per RL step), maximum total sequence length 4,096 on OpenMathInstruct-2).
+Here: the group z-score baseline (GRPO), the clipped PPO loss for 1 epoch x 4 minibatches
+(old log-probs from one forward, as NeMo-RL's "policy logprobs" stage), no KL term, no
+dynamic sampling, prompts of up to 512 tokens and completions of up to 3,584 (512 + 3,584
+= 4,096), kjax's MATH task standing in for OpenMathInstruct-2; mesh tensor 8 per group of
+8 GPUs. For experiments.plan_scale's NeMo-RL row (docs/scale.md), not a training recipe.
 """
 
 import dataclasses
@@ -23,6 +33,7 @@ from kjax.rl.config import (
     DType,
     EvalConfig,
     MathConfig,
+    MeanBaseline,
     MeshConfig,
     ModelConfig,
     ModelKind,
@@ -75,9 +86,22 @@ CODE = dataclasses.replace(
     verifier_workers=32,
 )
 
+NEMO_RL = dataclasses.replace(
+    BASE,
+    name="llama31_8b_math_nemo_rl",
+    batch_prompts=64,
+    samples=32,
+    max_new_tokens=3584,
+    dynamic_sampling=False,
+    objective=ObjectiveConfig(mean_baseline=MeanBaseline.GROUP_ZSCORE),
+    rl=StepConfig(loss=PolicyLoss.PPO, epochs=1, minibatches=4, microbatches=8),
+    mesh=MeshConfig(data=-1, fsdp=1, tensor=8),
+)
+
 PRESETS = {
     "passk": BASE,
     "codecontests": CODE,
+    "nemo_rl": NEMO_RL,
     "mean": dataclasses.replace(
         BASE,
         name="llama31_8b_math_mean",

@@ -9,6 +9,11 @@ own attention is causal within a segment (block-diagonal), so every real token s
 exactly the keys it sees padded, at the same RoPE positions: log-probs, entropies and
 gradients equal the padded path's to float rounding (tests/rl/test_packing.py).
 
+Attention is the jnp reference on every platform (layer weights gathered over fsdp as
+the padded forward gathers them): splash's segment ids mask by equality AND-ed with its
+static mask, which cannot say "any prompt key, or a key of my own segment", and the
+padded path's two-call log-sum-exp merge needs an LSE the kernel does not differentiate.
+
 R is static. `rows_needed` (jitted, one scalar to the host) and `bucket` pick it from a
 batch's mask out of {N/4, N/2, 3N/4, N} (rounded up), so a run compiles the update at
 most four times; `PackedStep` wraps the jitted update to do that per call.
@@ -167,8 +172,11 @@ def packed_hidden(params, config: LlamaConfig, prompts, prompt_mask, packed: Pac
     own = c_pos.reshape(B * R, T)
     masks = forward.GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, own)
 
+    axes = forward._layer_axes(config)
+
     def block(x, inputs):
         layer, w = inputs
+        layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, as the padded path
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + R*T, ., E]
         out = forward.prompt_then_blocks_attention(q, k, v, S, T, w, masks)
         return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None

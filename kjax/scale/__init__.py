@@ -16,7 +16,9 @@ overlap) and at their sum (none); uncalibrated (`calibration` compiles a step th
 published measurement can be set beside).
 
 Layers: `chips` (specs, topology devices) <- `compiled` (what the compiler reports) and
-`costs` (analytic counts) <- `planner` (the programs, compiled; Plan).
+`costs` (analytic counts) <- `planner` (the programs, compiled; Plan) <- `real` (the
+same mesh's step on real tokens, RealPlan: the packed update and the compacting sampler
+for a completion-length distribution, `lengths`).
 """
 
 from kjax.scale.chips import (

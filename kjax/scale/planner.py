@@ -115,15 +115,28 @@ class _Stops:
         self.stop_ids = tuple(stop_ids)
 
 
-def compile_update(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape) -> Compiled:
-    """The trainer's jitted RL update (step_and_sampler's), compiled for `mesh`."""
+class _AtRows:
+    """A PackedStep lowered at a given packed row count R (compile_one calls .lower)."""
+
+    def __init__(self, step, rows: int):
+        self.step, self.rows = step, rows
+
+    def lower(self, *args):
+        return self.step.lower(*args, rows=self.rows)
+
+
+def compile_update(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape,
+                   rows: int | None = None) -> Compiled:  # fmt: skip
+    """The trainer's jitted RL update (step_and_sampler's), compiled for `mesh`; with
+    `rows` (cfg.rl.pack=GROUP) the packed update at R = rows per group."""
     step_fn, _ = step_and_sampler(cfg, c, mesh, state, _Stops(c.eos_ids))
     batch = abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
     ref = state.params if cfg.rl.kl_coef > 0 else None
     k = np.int32(cfg.objective.k)
     # Splash kernels (attention AUTO on a TPU topology) cost their unmasked entries.
-    cost = splash_attention_cost(attention_density(shape.S, shape.N, shape.T))
-    return compile_one("update", step_fn, state, batch, ref, k, mesh=mesh, kernel_cost=cost)
+    cost = splash_attention_cost(attention_density(shape.S, rows or shape.N, shape.T))
+    fn, name = (step_fn, "update") if rows is None else (_AtRows(step_fn, rows), f"update@R{rows}")
+    return compile_one(name, fn, state, batch, ref, k, mesh=mesh, kernel_cost=cost)
 
 
 def compile_prefill(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: Shape):
