@@ -72,9 +72,11 @@ from kjax.rl.config import (
 
 _TRL_SCRIPT = pathlib.Path(__file__).resolve().parent / "peers" / "trl_grpo_step.py"
 _MAKE_ENV = (
-    "`python3 -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl gguf`, "
-    "then pass --trl_python=/tmp/trlenv/bin/python or export "
-    "KJAX_TRL_PYTHON=/tmp/trlenv/bin/python"
+    "`python3 -m venv /work/trl-venv && /work/trl-venv/bin/pip install torch==2.13.0+cpu "
+    "trl==1.16.0 peft==0.21.2 transformers==5.25.0 gguf datasets` (torch's CPU build: "
+    "pip must find the +cpu wheel, e.g. in a --find-links folder or PyTorch's CPU index; "
+    "PyPI's plain torch==2.13.0 is the CUDA build), then pass "
+    "--trl_python=/work/trl-venv/bin/python or export KJAX_TRL_PYTHON=/work/trl-venv/bin/python"
 )
 KJAX_OBJECTIVE = "MEAN, GROUP_MEAN (Dr.GRPO) advantages, CONSTANT_NORMALIZER, PG, no KL"
 TRL_OBJECTIVE = 'dr_grpo, scale_rewards="none", beta=0, num_iterations=1'
@@ -112,19 +114,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def trl_python(args) -> str:
-    """The TRL env's python, checked to import trl and gguf; exits non-zero if it cannot."""
+    """The TRL env's python, checked to import trl and gguf (and peft with --lora); exits
+    non-zero if it cannot."""
     python = args.trl_python or os.environ.get("KJAX_TRL_PYTHON", "")
     if not python:
         sys.exit(f"bench_trl: no TRL environment given. Create one: {_MAKE_ENV}.")
+    modules = "trl, gguf, datasets" + (", peft" if args.lora else "")
     try:
-        probe = subprocess.run(
-            [python, "-c", "import trl, gguf, datasets"], capture_output=True, text=True
-        )
+        probe = subprocess.run([python, "-c", f"import {modules}"], capture_output=True, text=True)
     except OSError as e:
         sys.exit(f"bench_trl: cannot run --trl_python={python} ({e}). Create it: {_MAKE_ENV}.")
     if probe.returncode != 0:
         sys.exit(
-            f"bench_trl: {python} cannot import trl, gguf and datasets "
+            f"bench_trl: {python} cannot import {modules} "
             f"({(probe.stderr.strip().splitlines() or ['no error text'])[-1]}). Create the "
             f"env: {_MAKE_ENV}."
         )
