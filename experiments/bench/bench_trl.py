@@ -59,7 +59,7 @@ import numpy as np
 from experiments.configs import smollm2_arith, tiny_arith
 from kjax.data import prompts as prompts_lib
 from kjax.data.loader import Position
-from kjax.models import fetch
+from kjax.models import fetch, lora
 from kjax.rl import loop
 from kjax.rl.config import (
     LoraConfig,
@@ -182,6 +182,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
     rows for TRL)."""
     with tempfile.TemporaryDirectory() as workdir:
         c, state = loop.build_components(cfg, workdir, log=lambda *a: None)
+        trainable = sum(int(x.size) for x in jax.tree.leaves(lora.split(state.params)[0]))
         lengths, sample = [], c.sampler
 
         def recording_sampler(*args, **kwargs):
@@ -230,6 +231,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             "S": S,
             "objective": KJAX_OBJECTIVE,
             "lora_rank": cfg.model.lora.rank,
+            "trainable_params": trainable,
             "dtype": cfg.model.dtype.value,
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "warmup": warmup,
@@ -294,7 +296,8 @@ def table(kjax: dict, trl: dict | None) -> str:
             f"\nTRL / kjax step time: {trl['median_s'] / kjax['median_s']:.2f}x (goal >= 2x). "
             f"Medians over {len(kjax['steps_s'])} steps after {k['warmup']} warm-up; kjax "
             f"prompts left-padded to S = {k['S']}, TRL's "
-            f"{min(t['prompt_tokens'])}-{max(t['prompt_tokens'])} tokens unpadded."
+            f"{min(t['prompt_tokens'])}-{max(t['prompt_tokens'])} tokens unpadded. Trainable "
+            f"parameters: kjax {k['trainable_params']:,}, TRL {t.get('trainable_params', 0):,}."
         )
     return "\n".join(lines)
 
