@@ -18,8 +18,20 @@ char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
 --lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
-the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig; the TRL side
-with LoRA has not been run yet: no TRL env on the machine that added it).
+the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig); both record their
+trainable parameter count (rank 16 on SmolLM2: 4,884,480 on each side, PEFT's counted in
+the TRL env on 2026-12-06). The TRL env of BUILD.md ("kjax vs TRL") with peft installed.
+--lora 16 at 4 x 8 x 64, 2026-12-06, UNDER LOAD (2 cores shared with five other helpers'
+jobs, load average 20-25, this run at nice 19 behind jobs at nice 0): kjax's LoRA steps
+took 186 (warm-up), 143, 157 and 120 s, wall time that measures the scheduler more than
+kjax (19.5 s was the quiet full step); TRL's side was killed by the kernel's OOM killer
+(the machine's memory, not its own limit) after 40 min in which it had 6 CPU-minutes, so
+no ratio was measured there. At 2 x 4 x 16 (--lora 16 --threads 1, same day, under load
+falling from ~16 to ~9 between the two sides: kjax's side ran beside another benchmark of
+this session, TRL's after it ended): kjax 17.72 s/step (sample 7.09, update 10.14) vs
+TRL+PEFT 17.14 s (sample 6.19, update 10.57): 0.97x, with 4,884,480 trainable parameters
+on each side. The quiet full-update figures below ran 5.40 s for kjax at that shape, so
+the load, not LoRA, set these times; the goal (>= 3x TRL+PEFT at 4 x 8 x 64) is untested.
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
 thread count (2; 1 thread is slower when the machine is quiet), kjax's prompts fitted to the
 data (S = 64; TRL's are 49 tokens unpadded): 2 x 4 x 16, two runs (the first at 2ec25f9,
