@@ -42,6 +42,10 @@ is ~15-25 s and one evaluation (PROBLEMS x N_EVAL = 3200 samples) ~5-8 min on th
 CPU, so one run is ~20-30 min: the pilot (6 runs) ~2-3 h, the tuning grid (12 runs) ~4-6 h,
 and S seeds (2S runs) ~S x 1 h, i.e. ~1 day of CPU at 20 seeds, over several sessions.
 experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
+Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
+(2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
+shared 24 GB machine: no row, no checkpoint); check `free -g` before starting it beside
+other jobs. Started so, it resumes with the same command (nothing of that start is kept).
 
 --smoke: both arms on the tiny random character model with rank-4 adapters (2 steps), end
 to end, so the LoRA path of the table is exercised in CI; --pilot --smoke likewise.
