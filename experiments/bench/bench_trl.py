@@ -18,8 +18,28 @@ char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
 --lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
-the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig; the TRL side
-with LoRA has not been run yet: no TRL env on the machine that added it).
+the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig); both record their
+trainable parameter count (rank 16 on SmolLM2: 4,884,480 on each side, PEFT's counted in
+the TRL env on 2026-12-06). The TRL env of BUILD.md ("kjax vs TRL") with peft installed.
+--lora 16 at 4 x 8 x 64, 2026-12-06, UNDER LOAD (2 cores shared with five other helpers'
+jobs, load average 20-25, this run at nice 19 behind jobs at nice 0): kjax's LoRA steps
+took 186 (warm-up), 143, 157 and 120 s, wall time that measures the scheduler more than
+kjax (19.5 s was the quiet full step); TRL's side was killed by the kernel's OOM killer
+(the machine's memory, not its own limit) after 40 min in which it had 6 CPU-minutes, so
+no ratio was measured there. At 2 x 4 x 16 (--lora 16 --threads 1, same day, under load
+falling from ~16 to ~9 between the two sides: kjax's side ran beside another benchmark of
+this session, TRL's after it ended): kjax 17.72 s/step (sample 7.09, update 10.14) vs
+TRL+PEFT 17.14 s (sample 6.19, update 10.57): 0.97x, with 4,884,480 trainable parameters
+on each side. The quiet full-update figures below ran 5.40 s for kjax at that shape, so
+the load, not LoRA, set these times. Then 4 x 8 x 64 again (--lora 16 --threads 1, one run
+at 8c7fb7d, nice 19, under load average ~7-12 during kjax's side falling to ~5 by TRL's
+last step, nothing else of this session running): kjax 59.54 s/step (sample 26.67, update
+36.43; steps 59.5, 58.8, 73.1) vs TRL+PEFT 115.91 s (sample 41.10, update 71.55; steps
+122.7, 115.9, 70.4): 1.95x, update 1.96x, sampler 1.54x; 4,884,480 trainable parameters on
+each side. The issue's goal of >= 3x is not met in this run; as TRL's last, least loaded
+step (70.4 s) shows, the falling load favoured TRL's side, so 1.95x is no upper bound
+either. With the samplers at 1.5-1.8x and kjax's sampler ~45% of its step, a 3x step
+would need kjax's update ~4x TRL+PEFT's (PEFT, too, drops the base's weight gradients).
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
 thread count (2; 1 thread is slower when the machine is quiet), kjax's prompts fitted to the
 data (S = 64; TRL's are 49 tokens unpadded): 2 x 4 x 16, two runs (the first at 2ec25f9,
@@ -59,7 +79,7 @@ import numpy as np
 from experiments.configs import smollm2_arith, tiny_arith
 from kjax.data import prompts as prompts_lib
 from kjax.data.loader import Position
-from kjax.models import fetch
+from kjax.models import fetch, lora
 from kjax.rl import loop
 from kjax.rl.config import (
     LoraConfig,
@@ -72,9 +92,11 @@ from kjax.rl.config import (
 
 _TRL_SCRIPT = pathlib.Path(__file__).resolve().parent / "peers" / "trl_grpo_step.py"
 _MAKE_ENV = (
-    "`python3 -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl gguf`, "
-    "then pass --trl_python=/tmp/trlenv/bin/python or export "
-    "KJAX_TRL_PYTHON=/tmp/trlenv/bin/python"
+    "`python3 -m venv /work/trl-venv && /work/trl-venv/bin/pip install torch==2.13.0+cpu "
+    "trl==1.16.0 peft==0.21.2 transformers==5.25.0 gguf datasets` (torch's CPU build: "
+    "pip must find the +cpu wheel, e.g. in a --find-links folder or PyTorch's CPU index; "
+    "PyPI's plain torch==2.13.0 is the CUDA build), then pass "
+    "--trl_python=/work/trl-venv/bin/python or export KJAX_TRL_PYTHON=/work/trl-venv/bin/python"
 )
 KJAX_OBJECTIVE = "MEAN, GROUP_MEAN (Dr.GRPO) advantages, CONSTANT_NORMALIZER, PG, no KL"
 TRL_OBJECTIVE = 'dr_grpo, scale_rewards="none", beta=0, num_iterations=1'
@@ -112,19 +134,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def trl_python(args) -> str:
-    """The TRL env's python, checked to import trl and gguf; exits non-zero if it cannot."""
+    """The TRL env's python, checked to import trl and gguf (and peft with --lora); exits
+    non-zero if it cannot."""
     python = args.trl_python or os.environ.get("KJAX_TRL_PYTHON", "")
     if not python:
         sys.exit(f"bench_trl: no TRL environment given. Create one: {_MAKE_ENV}.")
+    modules = "trl, gguf, datasets" + (", peft" if args.lora else "")
     try:
-        probe = subprocess.run(
-            [python, "-c", "import trl, gguf, datasets"], capture_output=True, text=True
-        )
+        probe = subprocess.run([python, "-c", f"import {modules}"], capture_output=True, text=True)
     except OSError as e:
         sys.exit(f"bench_trl: cannot run --trl_python={python} ({e}). Create it: {_MAKE_ENV}.")
     if probe.returncode != 0:
         sys.exit(
-            f"bench_trl: {python} cannot import trl, gguf and datasets "
+            f"bench_trl: {python} cannot import {modules} "
             f"({(probe.stderr.strip().splitlines() or ['no error text'])[-1]}). Create the "
             f"env: {_MAKE_ENV}."
         )
@@ -180,6 +202,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
     rows for TRL)."""
     with tempfile.TemporaryDirectory() as workdir:
         c, state = loop.build_components(cfg, workdir, log=lambda *a: None)
+        trainable = sum(int(x.size) for x in jax.tree.leaves(lora.split(state.params)[0]))
         lengths, sample = [], c.sampler
 
         def recording_sampler(*args, **kwargs):
@@ -228,6 +251,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             "S": S,
             "objective": KJAX_OBJECTIVE,
             "lora_rank": cfg.model.lora.rank,
+            "trainable_params": trainable,
             "dtype": cfg.model.dtype.value,
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
             "warmup": warmup,
@@ -292,7 +316,8 @@ def table(kjax: dict, trl: dict | None) -> str:
             f"\nTRL / kjax step time: {trl['median_s'] / kjax['median_s']:.2f}x (goal >= 2x). "
             f"Medians over {len(kjax['steps_s'])} steps after {k['warmup']} warm-up; kjax "
             f"prompts left-padded to S = {k['S']}, TRL's "
-            f"{min(t['prompt_tokens'])}-{max(t['prompt_tokens'])} tokens unpadded."
+            f"{min(t['prompt_tokens'])}-{max(t['prompt_tokens'])} tokens unpadded. Trainable "
+            f"parameters: kjax {k['trainable_params']:,}, TRL {t.get('trainable_params', 0):,}."
         )
     return "\n".join(lines)
 

@@ -1,53 +1,108 @@
-"""Table 7 reworked (issue 47), a SKETCH not yet run: does Tang et al.'s pair hold on the
-real SmolLM2-135M-Instruct, trained with LoRA: the pass@k objective (k = 8) against the
-mean objective, "raises pass@k" and "lowers pass@1"?
+"""Table 7 (issue 47): does Tang et al.'s pair hold on the real SmolLM2-135M-Instruct,
+RL-trained with LoRA? The pass@k objective (k = 8) against the mean objective: "raises
+pass@8" and "lowers pass@1", both judged on held-out problems.
 
-  python -m experiments.tables.smollm2_lora_passk --workdir=DIR [--seeds=S] [--smoke]
+  python -m experiments.tables.smollm2_lora_passk --workdir=DIR --pilot      # step 1
+  python -m experiments.tables.smollm2_lora_passk --workdir=DIR [--seeds=S] # step 2
+  python -m experiments.tables.smollm2_lora_passk --workdir=OUT --from_rows=ROWS.jsonl
 
-The claims below were written before any run of this module. Provisional budget (to be
-fixed by the pilot, so that the minimum detectable effect on pass@8 is <= 0.03 at 80%
-power; experiments.lab's power tool reads the pilot's rows): the smollm2_arith task
-(chat-templated +/- arithmetic answered in \\boxed{}, here 2-digit; no SFT), rank-16 LoRA on
-every projection (alpha 32) over the frozen base, STEPS RL steps of B prompts x N samples
-(PG), each arm's learning rate from LEARNING_RATES by experiments.lab.tuning's protocol
-(tuning seeds 1000-1001 on the validation split), evaluation on PROBLEMS held-out problems
-x N_EVAL samples (unbiased pass@1 and pass@8: n >= 2k). Nothing here is measured yet: the
-only figure is the pilot step time in the issue's closing note, on a loaded CPU.
+Both steps resume: a finished (arm, seed) leaves its result.json and is skipped, an
+unfinished run resumes from its last checkpoint (every STEPS // 2 steps), so a session
+that stops mid-run loses at most half a run. Rerun the same command to go on.
 
---smoke: the same arms on the tiny random character model (2 steps), end to end.
+The claims (7a, 7b) were written before any run of this module, with Tang et al.'s numbers
+beside them as table 1 (tang2025_table.py) cites them (CodeContests, PG); this session's
+search tool returned only the paper's abstract and introduction, not its tables, so those
+numbers were not re-read here.
+
+Design. Task: chat-templated 2-digit +/- arithmetic answered in \\boxed{} (the smollm2_arith
+preset's task at 2 digits: 1-digit +/- has only 200 distinct problems, too few to hold
+PROBLEMS out; 4000 train problems, VALIDATION of them held out for tuning, PROBLEMS test
+problems never trained on), length cap MAX_NEW_TOKENS, no SFT (the pretrained Instruct
+model is the start). Rank-16 LoRA on every projection (alpha 32) over the frozen base.
+STEPS RL steps of B prompts x N samples (PG). Each arm's learning rate from
+LEARNING_RATES by experiments.lab.tuning's protocol (tuning seeds 1000-1001, scored on the
+validation split by the arm's own objective) before any reported run. Evaluation: PROBLEMS
+held-out problems x N_EVAL = 2k samples each, so pass@1 and pass@8 are the unbiased
+estimators (n >= 2k), at the start and the end of every run.
+
+The pilot (--pilot, step 1). PILOT_SEEDS seeds of both arms at the design above with one
+untuned rate (PILOT_LR, the smollm2_arith:lora preset's), into DIR/pilot; then the per-seed
+sd of each claim's paired difference, the MDE at those seeds and the seeds an MDE of
+TARGET_MDE = 0.03 needs (80% power, one-sided 2.5%; experiments.lab.power), written to
+DIR/pilot/smollm2_lora_passk_pilot.power.{md,json}. Its sd is at one fixed rate, not the
+tuned ones: a predictor of the table's, not the table's own (the power tool's caveat). Choose
+--seeds for step 2 as the larger of the two claims' "seeds for MDE 0.03" (at least 10). A
+pilot run whose config equals a table run's (an arm whose tuned rate is PILOT_LR) can be
+taken over with --reuse_runs=DIR/pilot. No claim is judged from the pilot.
+
+Compute (a projection from step times measured under load, not a run of this table;
+docs/performance.md): at this shape a LoRA RL step (sample 64 x 32 tokens, verify, update)
+is ~15-25 s and one evaluation (PROBLEMS x N_EVAL = 3200 samples) ~5-8 min on the 2-core
+CPU, so one run is ~20-30 min: the pilot (6 runs) ~2-3 h, the tuning grid (12 runs) ~4-6 h,
+and S seeds (2S runs) ~S x 1 h, i.e. ~1 day of CPU at 20 seeds, over several sessions.
+experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
+Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
+(2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
+shared 24 GB machine: no row, no checkpoint); check `free -g` before starting it beside
+other jobs. Started so, it resumes with the same command (nothing of that start is kept).
+
+--smoke: both arms on the tiny random character model with rank-4 adapters (2 steps), end
+to end, so the LoRA path of the table is exercised in CI; --pilot --smoke likewise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import pathlib
 import sys
 
 from experiments.configs import smollm2_arith, tiny_arith
-from experiments.lab import harness, table_cli
+from experiments.lab import harness, power, table_cli
 from experiments.lab.claims import Claim, ClaimKind
 from experiments.lab.harness import Arm
 from experiments.lab.tuning import Tuning
 from experiments.tables.tang2025_table import CODE
+from kjax.files import write_atomic
 from kjax.rl.config import LoraConfig, MaxAtKEstimator, Objective, ObjectiveConfig
 
 STEPS, B, N, K = 40, 4, 16, 8
-PROBLEMS, N_EVAL = 200, 16
+MAX_NEW_TOKENS = 32
+PROBLEMS, N_EVAL, VALIDATION = 200, 16, 200
 LEARNING_RATES = (2e-5, 5e-5, 1e-4)
 LORA = LoraConfig(rank=16, alpha=32.0)
+SMOKE_LORA = LoraConfig(rank=4, alpha=8.0)
+PILOT_SEEDS, PILOT_LR, TARGET_MDE = 3, 5e-5, 0.03
+# Seeds of step 2 until the pilot has been run and read (then set from its power table).
+SEEDS = 20
 MEAN, PASSK = "mean (RLOO)", f"pass@k (k={K}, LOO-1)"
 
 
 def base(seed: int, smoke: bool):
+    """The design above for one seed (the seed itself is set by the harness)."""
+    del seed
     if smoke:
-        return harness.smoke_base(tiny_arith.BASE)
+        cfg = harness.smoke_base(tiny_arith.BASE)
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=SMOKE_LORA))
     cfg = harness.budget(smollm2_arith.BASE, STEPS, B, N)
-    # 2-digit problems: 1-digit +/- has only 200 distinct ones, too few to hold out.
     task = dataclasses.replace(
-        cfg.task, digits=2, train_size=4000, test_size=PROBLEMS, validation_size=PROBLEMS
+        cfg.task,
+        digits=2,
+        train_size=4000,
+        test_size=PROBLEMS,
+        validation_size=VALIDATION,
     )
-    ev = dataclasses.replace(cfg.eval, problems=PROBLEMS, n_eval=N_EVAL)
-    model = dataclasses.replace(cfg.model, lora=LORA)
-    return dataclasses.replace(cfg, task=task, eval=ev, model=model)
+    # Evaluated at the start and the end only: a mid-run evaluation costs as much as
+    # ten steps and no claim reads it.
+    ev = dataclasses.replace(cfg.eval, problems=PROBLEMS, n_eval=N_EVAL, every=STEPS)
+    return dataclasses.replace(
+        cfg,
+        task=task,
+        eval=ev,
+        max_new_tokens=MAX_NEW_TOKENS,
+        model=dataclasses.replace(cfg.model, lora=LORA),
+    )
 
 
 def objective(kind: Objective):
@@ -64,6 +119,15 @@ def objective(kind: Objective):
 
     return make
 
+
+BUDGET = (
+    f"{STEPS} RL steps of {B} prompts x {N} samples x <= {MAX_NEW_TOKENS} tokens (PG, LoRA "
+    f"r16 alpha 32 on every projection of the frozen base, no SFT), each arm's lr from "
+    f"{LEARNING_RATES} (tuning seeds 1000-1001, validation split); eval {PROBLEMS} held-out "
+    f"2-digit problems x {N_EVAL} samples (unbiased pass@1, pass@8). Seeds from the pilot "
+    f"(--pilot: {PILOT_SEEDS} seeds at lr {PILOT_LR:g}) for an MDE <= {TARGET_MDE} at 80% "
+    "power. Projected compute on 2 CPU cores: ~20-30 min per run (module docstring)"
+)
 
 TABLE = harness.Table(
     name="smollm2_lora_passk",
@@ -87,15 +151,63 @@ TABLE = harness.Table(
             ClaimKind.LESS,
         ),
     ),
-    columns=(("pass@1", "pass@1"), ("pass@8", "pass@8")),
+    columns=(("pass@1", "pass@1"), ("pass@8", "pass@8"), ("pass@16", "pass@16")),
     base=base,
-    budget=(
-        f"PROVISIONAL: {STEPS} RL steps of {B} prompts x {N} samples (PG, LoRA r16 on the "
-        f"frozen base, no SFT), lr from {LEARNING_RATES}; eval {PROBLEMS} problems x {N_EVAL}"
-    ),
+    budget=BUDGET,
     tuning=Tuning(grid=LEARNING_RATES),
 )
 
 
+def _pilot_base(seed: int, smoke: bool):
+    cfg = base(seed, smoke)
+    return dataclasses.replace(
+        cfg, optimizer=dataclasses.replace(cfg.optimizer, learning_rate=PILOT_LR)
+    )
+
+
+PILOT = dataclasses.replace(
+    TABLE,
+    name=f"{TABLE.name}_pilot",
+    title=f"{TABLE.title}: pilot ({PILOT_SEEDS} seeds, lr {PILOT_LR:g} untuned)",
+    base=_pilot_base,
+    budget=f"PILOT of: {BUDGET}; every arm at lr {PILOT_LR:g} (untuned)",
+    tuning=None,
+)
+
+
+def pilot(argv: list[str]) -> int:
+    """Step 1: the pilot's runs into WORKDIR/pilot (resumable), then its power table."""
+    args = table_cli.parse(PILOT.name, argv, default_seeds=PILOT_SEEDS)
+    workdir = pathlib.Path(args.workdir) / "pilot"
+    rest = [a for a in argv if not a.startswith("--workdir")]
+    if "--workdir" in argv:  # "--workdir DIR": drop its value too
+        i = argv.index("--workdir")
+        rest = [a for j, a in enumerate(argv) if j not in (i, i + 1)]
+    if not any(a.startswith("--seeds") for a in rest):
+        rest.append(f"--seeds={PILOT_SEEDS}")
+    code = table_cli.main(PILOT, [f"--workdir={workdir}", *rest], default_seeds=PILOT_SEEDS)
+    rows_path = workdir / f"{PILOT.name}.jsonl"
+    if code != 0 or not rows_path.exists():
+        return code
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    text, figures = power.power_table(rows, TABLE.claims, TARGET_MDE)
+    note = (
+        f"Pilot power ({len({r['seed'] for r in rows})} seeds, lr {PILOT_LR:g} untuned; "
+        f"target MDE {TARGET_MDE}). Step 2's --seeds: the larger 'seeds for MDE "
+        f"{TARGET_MDE:g}' below, at least 10.\n\n{text}\n"
+    )
+    write_atomic(workdir / f"{PILOT.name}.power.md", note)
+    write_atomic(workdir / f"{PILOT.name}.power.json", json.dumps(figures, indent=1) + "\n")
+    print(f"\n{note}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--pilot" in argv:
+        return pilot([a for a in argv if a != "--pilot"])
+    return table_cli.main(TABLE, argv, default_seeds=SEEDS)
+
+
 if __name__ == "__main__":
-    sys.exit(table_cli.main(TABLE, default_seeds=1))
+    sys.exit(main())

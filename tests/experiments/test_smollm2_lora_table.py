@@ -1,9 +1,23 @@
 """The table-7 rework (experiments/tables/smollm2_lora_passk.py) declares what it will run:
 every arm's config (full and smoke budgets) validates, trains LoRA on SmolLM2, and each
-claim compares two of its arms on a metric the table reports. Its runs are not in CI."""
+claim compares two of its arms on a metric the table reports; its pilot sizes the table
+from the pilot's own rows; the GPU script's CPU smoke path writes rows --from_rows judges.
+Its real runs are not in CI."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
 
 from experiments.tables import smollm2_lora_passk as t
 from kjax.rl.config import ModelKind, Objective
+
+ROOT = pathlib.Path(__file__).parent.parent.parent
 
 
 def test_arms_and_claims_are_declared_before_any_run():
@@ -11,11 +25,78 @@ def test_arms_and_claims_are_declared_before_any_run():
     for smoke in (False, True):
         for arm in t.TABLE.arms:
             cfg = arm.make(t.TABLE.base(0, smoke)).validate(1)
+            assert cfg.model.lora.rank > 0  # the smoke run exercises the LoRA path too
             if not smoke:
                 assert cfg.model.kind is ModelKind.PRETRAINED and cfg.model.lora.rank == 16
                 assert cfg.eval.n_eval >= 2 * t.K  # unbiased pass@8 with room to spare
+                assert cfg.task.validation_size > 0 and cfg.task.test_size >= cfg.eval.problems
                 if cfg.objective.objective is Objective.MAX_AT_K:
                     assert cfg.objective.k == t.K
     metrics = {m for _, m in t.TABLE.columns}
     for claim in t.TABLE.claims:
         assert {claim.arm, claim.baseline} <= names and claim.metric in metrics
+    # the pilot runs the table's design at one untuned rate, and tunes nothing
+    for arm in t.PILOT.arms:
+        cfg = arm.make(t.PILOT.base(0, False))
+        assert cfg.optimizer.learning_rate == t.PILOT_LR and t.PILOT.tuning is None
+        table_cfg = arm.make(t.TABLE.base(0, False))
+        assert cfg.steps == table_cfg.steps and cfg.eval == table_cfg.eval
+
+
+def _mde(sd, n):  # the one-sided 2.5% paired t-test's MDE at 80% power, from its definition
+    return (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / np.sqrt(n)
+
+
+@pytest.mark.parametrize("spelling", ["--workdir={}", "--workdir {}"])
+def test_pilot_sizes_the_table_from_its_rows(tmp_path, monkeypatch, spelling):
+    """--pilot runs PILOT into WORKDIR/pilot at PILOT_SEEDS seeds, then writes the seeds an
+    MDE of 0.03 needs from the sd of the rows' paired differences."""
+    rng = np.random.default_rng(0)
+    pass8 = {arm: rng.uniform(0.2, 0.6, t.PILOT_SEEDS) for arm in (t.MEAN, t.PASSK)}
+    pass1 = {arm: rng.uniform(0.05, 0.2, t.PILOT_SEEDS) for arm in (t.MEAN, t.PASSK)}
+    seen = {}
+
+    def fake_main(table, argv, default_seeds):
+        seen.update(table=table, argv=argv)
+        workdir = pathlib.Path(argv[0].split("=", 1)[1])
+        workdir.mkdir(parents=True)
+        rows = [{"arm": arm, "seed": s, "status": "ok",
+                 "metrics": {"pass@8": pass8[arm][s], "pass@1": pass1[arm][s]}}
+                for arm in pass8 for s in range(t.PILOT_SEEDS)]  # fmt: skip
+        text = "\n".join(json.dumps(r) for r in rows)
+        (workdir / f"{table.name}.jsonl").write_text(text)
+        return 0
+
+    monkeypatch.setattr(t.table_cli, "main", fake_main)
+    argv = ["--pilot", *spelling.format(tmp_path).split(" ")]
+    assert t.main(argv) == 0
+    assert seen["table"] is t.PILOT
+    assert seen["argv"] == [f"--workdir={tmp_path / 'pilot'}", f"--seeds={t.PILOT_SEEDS}"]
+    figures = json.loads((tmp_path / "pilot" / f"{t.PILOT.name}.power.json").read_text())
+    for got, metric in zip(figures, ("pass@8", "pass@1"), strict=True):
+        grid = pass8 if metric == "pass@8" else pass1
+        d = grid[t.PASSK] - grid[t.MEAN]
+        sd = np.std(d, ddof=1)
+        assert got["metric"] == metric and got["seeds"] == t.PILOT_SEEDS
+        assert got["sd"] == pytest.approx(sd) and got["mde"] == pytest.approx(_mde(sd, 3))
+        n = got["seeds_for_target"]
+        assert _mde(sd, n) <= t.TARGET_MDE < _mde(sd, n - 1)
+    assert "seeds for MDE 0.03" in (tmp_path / "pilot" / f"{t.PILOT.name}.power.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_script_smoke_path_writes_rows_from_rows_judges(tmp_path):
+    """experiments/bench/gpu_table7.sh --smoke on CPU: its three phases (train, report, judge
+    from rows) end in a judged table of the same rows. Minutes: the slow tier."""
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    done = subprocess.run(["bash", "experiments/bench/gpu_table7.sh", str(tmp_path), "--smoke"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "train.json").read_text())["train_exit_code"] == 0
+    rows = (tmp_path / "table7" / f"{t.TABLE.name}.jsonl").read_text().splitlines()
+    judged = (tmp_path / "judged" / f"{t.TABLE.name}.jsonl").read_text().splitlines()
+    assert len(rows) == len(t.TABLE.arms) and len(judged) == len(rows)
+    assert [json.loads(r)["status"] for r in rows] == ["ok"] * len(rows)
+    text = (tmp_path / "judged" / f"{t.TABLE.name}.md").read_text()
+    assert all(f"| {c.id} |" in text for c in t.TABLE.claims)

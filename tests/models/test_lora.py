@@ -2,6 +2,8 @@
 at initialization, PEFT's PyTorch LoRA on the same weights, finite differences, and the
 grouped sampler on merged weights; every family, tiny random configs."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -227,3 +229,30 @@ def test_save_hf_writes_merged_model_and_adapter_peft_loads(tmp_path):
     real = mask.astype(bool)
     np.testing.assert_allclose(ours[real], via_peft[real], atol=2e-5, rtol=0)
     np.testing.assert_allclose(ours[real], via_merged[real], atol=2e-5, rtol=0)
+
+
+def _dot_output_shapes(fn, *args):
+    """The result shape of every dot_general of fn's lowered module (StableHLO: before XLA,
+    which adds no dot)."""
+    text = jax.jit(fn).lower(*args).as_text()
+    found = re.findall(r"stablehlo\.dot_general.*-> tensor<([\dx]*)x?f32>", text)
+    return {tuple(int(d) for d in dims.split("x") if d) for dims in found}
+
+
+def test_adapter_update_forms_no_weight_gradient_of_the_frozen_base():
+    """The LoRA backward computes no x^T dy of a frozen weight (the matmuls XLA:CPU runs off
+    its fast path); the full update's does, which shows the check can see them."""
+    model = kjax_from_hf(_hf("llama", seed=6))
+    params, config = model.params(), model.config
+    trainable, frozen = lora.split(_adapted(params, seed=6))
+    tokens, mask = _tokens(6)  # 27 rows: no weight dimension of this model
+
+    def loss(p):
+        return jnp.sum(jax.nn.log_softmax(forward(p, config, tokens, attention_mask=mask)))
+
+    base = {x.reshape(x.shape[0], -1, x.shape[-1]).shape[1:] for x in params["layers"].values()
+            if x.ndim >= 3}  # fmt: skip
+    base |= {params["embed"].shape} | {s[::-1] for s in base | {params["embed"].shape}}
+    assert base & _dot_output_shapes(jax.grad(loss), params)  # the full update forms them
+    adapters = _dot_output_shapes(jax.grad(lambda t: loss(lora.join(t, frozen))), trainable)
+    assert adapters and not base & adapters

@@ -108,7 +108,7 @@ def arith_reward(prompts, completions, answer, **kwargs) -> list[float]:
 
 def lora_config(args):
     """PEFT's LoRA on every projection (kjax's --lora: the same rank, alpha, targets and
-    dropout 0), or None for the full update. Not yet run in a TRL env (issue 47)."""
+    dropout 0), or None for the full update."""
     if not args.lora_rank:
         return None
     import peft
@@ -282,6 +282,7 @@ def main(argv=None) -> int:
             processing_class=tokenizer,
             callbacks=[timer],
         )
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         trainer.train()
     if len(timer.steps) != total:
         sys.exit(f"TRL ran {len(timer.steps)} optimizer steps, expected {total}.")
@@ -313,6 +314,8 @@ def main(argv=None) -> int:
             "dtype": "float32",
             "attn_implementation": model.config._attn_implementation,
             "gradient_checkpointing": config.gradient_checkpointing,
+            "lora_rank": args.lora_rank,
+            "trainable_params": trainable,
             "warmup": args.warmup,
         },
         "versions": {

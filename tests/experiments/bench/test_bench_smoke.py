@@ -183,6 +183,14 @@ def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path
     for row in rows:
         assert row["prompt"][0]["role"] == "user" and "\\boxed{}" in row["prompt"][0]["content"]
         assert 0 < len(row["prompt_ids"]) <= config["S"]
+    m = bench_trl.config(bench_trl.parse_args(["--smoke", *lora])).model
+    if lora:  # rank 2 on every projection: L x sum of (in + out) x r, what TRL's PEFT counts
+        D, E, F = m.hidden_size, m.hidden_size // m.num_heads, m.intermediate_size
+        ins_outs = [(D, D), (D, m.num_kv_heads * E), (D, m.num_kv_heads * E), (D, D),
+                    (D, F), (D, F), (F, D)]  # fmt: skip
+        assert config["trainable_params"] == m.num_layers * 2 * sum(a + b for a, b in ins_outs)
+    else:  # the whole model
+        assert config["trainable_params"] > 100 * m.num_layers * m.hidden_size
     text = capsys.readouterr().out
     assert "TRL side skipped" in text
     assert [r[0] for r in _table(text, "| side |")] == ["kjax"]
