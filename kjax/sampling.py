@@ -17,6 +17,8 @@ import numpy as np
 from kjax import sharding
 from kjax.models import attention, llama
 from kjax.models.config import AttentionBackend, LlamaConfig
+from kjax.sampler_layout import sampler_params
+from kjax.sampler_weights import SamplerWeights
 from kjax.sampling_draw import (  # noqa: F401 (re-exported: kjax.sampling's draw API)
     _NUCLEUS_CANDIDATES,
     _choose,
@@ -26,6 +28,7 @@ from kjax.sampling_draw import (  # noqa: F401 (re-exported: kjax.sampling's dra
 )
 
 _FIRST_WINDOW = 16  # own-K/V window of the first decode phase; it doubles each phase
+_OWN_BLOCK = 128  # on TPU, own K/V slots read per block (see _decode_logits)
 
 
 class Rollouts(NamedTuple):
@@ -128,14 +131,34 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
 
     K = config.num_kv_heads
 
-    def own_attention(q, k, v, mask):
+    # On TPU a window over _OWN_BLOCK slots is read in blocks of _OWN_BLOCK, each sliced
+    # straight out of the whole cache, merged by log-sum-exp: scanned per layer, a layer's
+    # whole window ([B*N, window, K, E], 67 MB per chip for 8B on v6e-64 at window 1023)
+    # was copied out into HBM and read again; a block fits on-chip memory. A smaller
+    # window, and every window elsewhere, is one block, the layer's window scanned (the
+    # CPU's numerics; on TPU a float32 cache read in blocks was converted whole, per step).
+    L, blocked = config.num_layers, attention.platform() == "tpu" and window > _OWN_BLOCK
+    spans = [(a, min(a + _OWN_BLOCK, window)) for a in range(0, window, _OWN_BLOCK)]
+
+    def own_kv(own):
+        """Per layer: the window's [(k, v, first slot, end slot)] blocks."""
+        if not blocked:
+            return [(own[0], own[1], 0, window)]
+        size = lambda a, b: (1, own_k.shape[1], b - a, *own_k.shape[3:])  # noqa: E731
+        cut = lambda c, a, b: jax.lax.dynamic_slice(c, (own, 0, a, 0, 0), size(a, b))[0]  # noqa: E731
+        return [(cut(own_k, a, b), cut(own_v, a, b), a, b) for a, b in spans]
+
+    def own_attention(q, blocks, mask):
         # Where the cache's rows take the tensor axis (sharding.cache_spec), the queries
         # move to those rows for this attention and back; elsewhere both are no-ops.
-        out, lse = llama.attention(sharding.to_cache_rows(q, K), k, v, mask, with_lse=True)
-        return sharding.from_cache_rows(out, K), sharding.from_cache_rows(lse, K)
+        q, parts = sharding.to_cache_rows(q, K), []
+        for k, v, a, b in blocks:
+            out, lse = llama.attention(q, k, v, mask[..., a:b], with_lse=True)
+            parts.append((sharding.from_cache_rows(out, K), sharding.from_cache_rows(lse, K)))
+        return parts
 
     def block(x, inputs):
-        layer, lw, pk, pv, ok, ov = inputs
+        layer, lw, pk, pv, own = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
         q = sharding.from_cache_rows(q, K)  # the layout own_attention leaves
         k, v = (sharding.from_cache_rows(a, K, axes=("batch", None, None, None)) for a in (k, v))
@@ -144,7 +167,7 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
         out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, pm, with_lse=True)
         parts = [
             (out.reshape(B * N, 1, H, E), lse.reshape(B * N, 1, H)),
-            own_attention(q, ok, ov, om),
+            *own_attention(q, own_kv(own), om),
             llama.attention(q, k, v, self_mask, with_lse=True),
         ]
         x = sharding.constrain_batch(
@@ -156,10 +179,11 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     # each layer's [B*N, C, K, E] cache was copied out and laid out again before its
     # window slice, every step (8B on v6e-64: 17 of the 35 GB a step moved at window 16).
     live = lambda cache: cache[:, :, :window]  # noqa: E731
-    xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, live(own_k),
-          live(own_v))  # fmt: skip
+    own = jnp.arange(L) if blocked else (live(own_k), live(own_v))
+    xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, own)
     x, ys = jax.lax.scan(block, x0, xs)
-    logits = llama.unembed(params, config, x)[:, 0]
+    # The draw's rows over the tensor devices too (each drew every row of its batch group)
+    logits = sharding.spread_logits(llama.unembed(params, config, x)[:, 0])
     if not with_hidden:
         return logits, ys[0], ys[1]
     return logits, ys[0], ys[1], hidden_trajectory(params, config, x0[:, 0], ys[2])
@@ -189,11 +213,23 @@ class _Loop(NamedTuple):
     out: Rollouts
 
 
-def _phases(T: int) -> list[tuple[int, int]]:
-    """(own-K/V window, exclusive end step) of each decode loop. Step i reads i - 1 past
-    slots, so a window w serves steps up to w + 1; windows double, so the attention work
-    over own K/V stays within 2x of the valid prefix while every shape stays static."""
-    slots, phases, w = max(T - 1, 1), [], min(_FIRST_WINDOW, max(T - 1, 1))
+def own_slots(T: int, tpu: bool = False) -> int:
+    """Slots C of each sample's own K/V cache [L,B*N,C,K,E] for T new tokens: T - 1
+    (step i writes slot i - 1; the last token is drawn, never fed); on TPU rounded up to
+    a multiple of _OWN_BLOCK, so that the TPU's default layout puts the slots, not the
+    rows, in the minor tile (1023 slots got the rows, and every decode step copied the
+    whole cache into the layout its attention reads) and the read blocks are whole."""
+    slots = max(T - 1, 1)
+    return -(-slots // _OWN_BLOCK) * _OWN_BLOCK if tpu else slots
+
+
+def _phases(T: int, slots: int = 0) -> list[tuple[int, int]]:
+    """(own-K/V window, exclusive end step) of each decode loop over an own cache of
+    `slots` (default T - 1). Step i reads i - 1 past slots, so a window w serves steps up
+    to w + 1; windows double, so the attention work over own K/V stays within 2x of the
+    valid prefix while every shape stays static."""
+    slots = slots or max(T - 1, 1)
+    phases, w = [], min(_FIRST_WINDOW, slots)
     while not phases or phases[-1][1] < T:
         phases.append((w, min(w + 2, T)))
         w = min(2 * w, slots)
@@ -216,22 +252,26 @@ def _record(out: Rollouts, step, done, token, logprob, model_logprob, stop_ids):
 
 @functools.partial(
     jax.jit, static_argnames=("config", "n", "max_new_tokens", "top_k", "top_p", "stop_ids",
-                              "greedy", "dtype", "compact_floor")
+                              "greedy", "dtype", "compact_floor", "weights")
 )  # fmt: skip
 def sample_params(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfig, n: int,
                   max_new_tokens: int, top_k: int = 0, top_p: float = 1.0,
                   stop_ids: tuple[int, ...] = (), greedy: bool = False,
-                  dtype=jnp.float32, compact_floor: int = 0) -> Rollouts:  # fmt: skip
+                  dtype=jnp.float32, compact_floor: int = 0,
+                  weights: SamplerWeights = SamplerWeights.TRAIN) -> Rollouts:  # fmt: skip
     """The jitted core of `sample` on a params dict (kjax.models.llama layout).
 
     temperature [] float32 > 0 is traced (changing it does not recompile); greedy=True
     ignores it. The other options are static. compact_floor: 0 decodes all B*N rows to the
     end; f >= 1 moves the live samples into smaller batches as others stop, down to f rows
-    (`compact_sizes`; the same tokens, see "Compaction" below).
+    (`compact_sizes`; the same tokens, see "Compaction" below). weights: the layout the
+    rollout reads the weights in (`sampler_params`; TRAIN or TENSOR, resolved), the same
+    tokens either way.
     """
     B, S = prompts.shape
     N, T, L = n, max_new_tokens, config.num_layers
     prompt_mask = prompt_mask.astype(bool)
+    params = sampler_params(params, config, weights)
     logits, prompt = prefill(params, config, prompts, prompt_mask, dtype)
     choose = functools.partial(
         _choose, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
@@ -243,12 +283,13 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
     first = choose(jnp.repeat(logits, N, axis=0), jax.random.fold_in(key, 0))
     out, done = _record(out, 0, jnp.zeros((B, N), bool),
                         *(a.reshape(B, N) for a in first), stop_ids)  # fmt: skip
-    own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
+    C = own_slots(T, attention.platform() == "tpu")
+    own = jnp.zeros((L, B * N, C, config.num_kv_heads, config.head_dim), dtype)
     own = sharding.constrain_cache(own)
     state = _Loop(jnp.int32(1), done, own, own, out)
     sizes = compact_sizes(B * N, compact_floor, sharding.batch_shards()) if compact_floor else ()
 
-    for window, end in _phases(T):
+    for window, end in _phases(T, C):
 
         def cond(s: _Loop, end=end):
             go = (s.step < end) & ~jnp.all(s.done)
@@ -384,7 +425,7 @@ def _decode_rows(params, config, prompt: PromptCache, key, choose, s: _Rows, *, 
     take = lambda a: sharding.constrain_cache(a[:, group])
     row_prompt = PromptCache(take(prompt.k), take(prompt.v), prompt.mask[group],
                              prompt.next_pos[group])  # fmt: skip
-    for window, end in _phases(T):
+    for window, end in _phases(T, s.own_k.shape[2]):
 
         def cond(s: _Rows, end=end):
             return (s.step < end) & ~jnp.all(s.done) & (_live(s.done) > next_size)
