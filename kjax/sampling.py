@@ -216,11 +216,15 @@ class _Loop(NamedTuple):
 def own_slots(T: int, tpu: bool = False) -> int:
     """Slots C of each sample's own K/V cache [L,B*N,C,K,E] for T new tokens: T - 1
     (step i writes slot i - 1; the last token is drawn, never fed); on TPU rounded up to
-    a multiple of _OWN_BLOCK, so that the TPU's default layout puts the slots, not the
-    rows, in the minor tile (1023 slots got the rows, and every decode step copied the
-    whole cache into the layout its attention reads) and the read blocks are whole."""
+    a multiple of 16 (a bfloat16 tile's rows), of _OWN_BLOCK past it, so that the TPU's
+    default layout puts the slots, not the rows, in the minor tile (1023 slots got the
+    rows, and every decode step copied the whole cache into the layout its attention
+    reads) and the blocks a large window is read in are whole."""
     slots = max(T - 1, 1)
-    return -(-slots // _OWN_BLOCK) * _OWN_BLOCK if tpu else slots
+    if not tpu:
+        return slots
+    unit = _OWN_BLOCK if slots > _OWN_BLOCK else 16
+    return -(-slots // unit) * unit
 
 
 def _phases(T: int, slots: int = 0) -> list[tuple[int, int]]:

@@ -93,76 +93,40 @@ def _whole_cache_copies(text: str, length: int) -> list[str]:
 
 def test_decode_step_reads_only_the_live_window_of_its_cache(monkeypatch):
     """The sampler's decode step (its while-loop body, as the planner compiles it) at its
-    first window, 16 of 19 slots (128 on TPU, sampling.own_slots), on v5e:2x2 at fsdp 2 x
-    tensor 2: no instruction copies a layer's whole own cache [B*N, 128, K, E] (nor the
-    whole [L, ...] cache) other than the in-place write of the fed token; before, the
-    layer scan sliced each layer's whole cache out and laid it out again (a bf16 copy of
-    all of it here), every step."""
-    window, slots = 16, sampling.own_slots(CFG.max_new_tokens, tpu=True)
-    assert [w for w, _ in sampling._phases(CFG.max_new_tokens)] == [window, 19]
-    assert [w for w, _ in sampling._phases(CFG.max_new_tokens, slots)] == [window, 32]
+    first window, 16 of 39 slots (48 on TPU, sampling.own_slots; a length no other array
+    has), on v5e:2x2 at fsdp 2 x tensor 2: no instruction copies a layer's whole own
+    cache [B*N, 48, K, E] (nor the whole [L, ...] cache) other than the in-place write of
+    the fed token; before, the layer scan sliced each layer's whole cache out and laid it
+    out again (a bf16 copy of all of it here), every step."""
+    cfg = dataclasses.replace(CFG, max_new_tokens=40)
+    window, slots = 16, sampling.own_slots(cfg.max_new_tokens, tpu=True)
+    assert slots == 48
+    assert [w for w, _ in sampling._phases(cfg.max_new_tokens, slots)] == [window, 32, 48]
     mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
-    params = scale.abstract_params(CONFIG, scale.param_dtype(CFG), mesh)
-    shape = scale.Shape.of(CFG)
+    params = scale.abstract_params(CONFIG, scale.param_dtype(cfg), mesh)
+    shape = scale.Shape.of(cfg)
     name = f"decode@{window}"
     text = _compiled_text(
-        monkeypatch, name, scale.compile_decode, CFG, CONFIG, mesh, params, shape, window
+        monkeypatch, name, scale.compile_decode, cfg, CONFIG, mesh, params, shape, window
     )
     assert _whole_cache_copies(text, slots) == []
     # In the trainer's layout the step gathers the layers' weights over fsdp, every step.
     rules = sampler_layout.weight_rules(SamplerWeights.TENSOR)
-    assert _weight_gathers(text, scale.abstract_params(CONFIG, scale.param_dtype(CFG), mesh, rules))
+    assert _weight_gathers(text, scale.abstract_params(CONFIG, scale.param_dtype(cfg), mesh, rules))
 
 
 def test_decode_step_in_the_sampler_layout_gathers_no_weights(monkeypatch):
     """The same step with the weights in the sampler's own layout (SamplerWeights.TENSOR:
     tensor only, resharded once per rollout, kjax.sampler_layout): no weight is gathered
     (the test above finds them in the trainer's layout), no whole-cache copy."""
+    cfg = dataclasses.replace(CFG, max_new_tokens=40)
     mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
     rules = sampler_layout.weight_rules(SamplerWeights.TENSOR)
-    params = scale.abstract_params(CONFIG, scale.param_dtype(CFG), mesh, rules)
-    text = _compiled_text(monkeypatch, "decode@16", scale.compile_decode, CFG, CONFIG, mesh,
-                          params, scale.Shape.of(CFG), 16)  # fmt: skip
+    params = scale.abstract_params(CONFIG, scale.param_dtype(cfg), mesh, rules)
+    text = _compiled_text(monkeypatch, "decode@16", scale.compile_decode, cfg, CONFIG, mesh,
+                          params, scale.Shape.of(cfg), 16)  # fmt: skip
     assert _weight_gathers(text, params) == []
-    slots = sampling.own_slots(CFG.max_new_tokens, tpu=True)
-    assert _whole_cache_copies(text, slots) == []
-
-
-@pytest.mark.slow  # ~1-3 min on 2 loaded cores
-def test_fsdp_gathers_weights_not_activations(monkeypatch):
-    """The RL update on v5e:2x4 at fsdp 4 x tensor 2: no all-gather of an activation, an
-    array over the rows of a layer (S + N*T = 160 per prompt, here no weight dimension).
-    Before the layers' weights were pinned gathered over fsdp (forward.py,
-    sharding.gather_over_fsdp), the partitioner all-gathered the [8, 160, 256] activations
-    of all fsdp groups for the weight gradients (and ran 1.56x the FLOPs)."""
-    config = dataclasses.replace(CONFIG, vocab_size=256, hidden_size=256,
-                                 intermediate_size=512, head_dim=64,
-                                 max_position_embeddings=256)  # fmt: skip
-    cfg = dataclasses.replace(
-        CFG,
-        max_new_tokens=32,
-        task=ArithConfig(max_prompt_tokens=32),
-        model=ModelConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512),
-    )
-    from kjax.rl.optim import make_optimizer
-
-    mesh = sharding.make_mesh(1, 4, 2, devices=scale.topology_devices("v5e:2x4"))
-    params = scale.abstract_params(config, scale.param_dtype(cfg), mesh)
-    state = scale.abstract_state(params, make_optimizer(cfg.optimizer), mesh)
-    shape = scale.Shape.of(cfg)
-    rows = shape.S + shape.N * shape.T
-    assert rows == 160
-    text = _compiled_text(
-        monkeypatch, "update", scale.compile_update, cfg, config, mesh, state, shape
-    )
-    gathers = [
-        i.type
-        for instrs in hlo_stats.computations(text).values()
-        for i in instrs
-        if i.op in ("all-gather", "all-gather-start")
-    ]
-    assert gathers  # the weights are gathered
-    assert [g for g in gathers if any(rows in d for _, d in hlo_stats._arrays(g))] == []
+    assert _whole_cache_copies(text, sampling.own_slots(cfg.max_new_tokens, tpu=True)) == []
 
 
 # A model whose arrays fill the TPU's (8, 128) tiles (head_dim 128, 64 rows per chip) and
