@@ -254,6 +254,7 @@ def test_sharded_over_eight_devices_equals_single_device(model, mesh_shape):
         np.testing.assert_allclose(getattr(sharded, name), getattr(single, name), atol=1e-5)
 
 
+@pytest.mark.slow  # ~4 s on 2 loaded cores; AUTO never picks TENSOR on CPUs
 def test_weights_resharded_for_the_sampler_draw_the_same_tokens(model):
     """SamplerWeights.TENSOR (the weights resharded to tensor only inside the jitted
     sampler, traced under the mesh as the trainer traces it) on 8 CPU devices at fsdp 4 x
