@@ -213,6 +213,7 @@ def report(p) -> str:
             f"  {part.name:<18}{part.flops:12.3e} {per_chip(model):11.3e}"
             f" {part.flops / per_chip(model):7.3f}"
         )
+    lines += decode_floor_lines(p)
     lines.append("  collectives per update step (count, GiB of results per chip; per loop trip)")
     lines += [
         f"    {kind:<20} {n:8d} {b / GiB:10.2f}" for kind, (n, b) in u.collectives.items() if n
@@ -234,7 +235,9 @@ def report(p) -> str:
         f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM, {ici}; {chip.source})",
         "                    compute s    HBM s    ICI s   overlapped (max)   no overlap (sum)",
     ]
-    for x in {id(x): x for x in (u, p.prefill, d1, d2)}.values():
+    sampler_parts = {id(x): x for x in (p.reshard, p.prefill, d1, d2, p.sampler) if x}
+    sampler_compile = sum(x.seconds for x in sampler_parts.values())
+    for x in {id(x): x for x in (u, p.reshard, p.prefill, d1, d2) if x}.values():
         lines.append(
             f"    {x.name:<15}{x.compute_seconds(chip):10.2f}{x.hbm_seconds(chip):9.2f}"
             f"{x.ici_seconds(chip):9.2f}{x.seconds_on(chip):19.2f}{x.serial_seconds_on(chip):19.2f}"
@@ -245,10 +248,47 @@ def report(p) -> str:
         "overlap",
         f"    {p.tokens_per_s_per_chip:,.0f} tokens/s/chip (B*N*(S+T) per step), update MFU "
         f"{p.update_mfu:.1%} overlapped ({p.update_serial_mfu:.1%} with no overlap)",
-        f"  compile: update {u.seconds:.0f} s, sampler "
-        f"{sum({id(x): x.seconds for x in (p.prefill, d1, d2, p.sampler) if x}.values()):.0f} s",
+        f"  compile: update {u.seconds:.0f} s, sampler {sampler_compile:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def decode_floor_lines(p) -> list[str]:
+    """The sampler's weight layout and each compiled decode step's HBM bytes beside its
+    floor (kjax.scale.decode_floor), per chip."""
+    gb = lambda x: f"{x / 1e9:.3f}"  # noqa: E731
+    how = {
+        "tensor": "tensor only, resharded once per rollout from the trainer's fsdp x tensor",
+        "train": "the trainer's fsdp x tensor layout, gathered over fsdp every decode step",
+    }[p.weights]
+    lines = [f"  sampler weights: {how}"]
+    if p.reshard is not None:
+        r = p.reshard
+        lines.append(
+            f"    reshard per rollout: HBM {gb(r.bytes_accessed)} GB, ICI "
+            f"{gb(sum(b for b, _ in r.ici.values()))} GB sent, {r.seconds_on(p.chip) * 1e3:.1f} ms"
+        )
+    lines.append(
+        "  decode step per chip, GB  floor (weights + prompt K/V + own K/V)   compiled  ratio"
+    )
+    for i, part in enumerate(p.decode):
+        f = p.decode_floors[i]
+        terms = (
+            f"{gb(sum(f.values()))} ({gb(f['weights'])} + {gb(f['prompt_kv'])} + {gb(f['own_kv'])})"
+        )
+        lines.append(
+            f"    {part.name:<18}{terms:<40}{gb(part.bytes_accessed):>9} {p.floor_ratio(i):6.2f}"
+        )
+    return lines
+
+
+def _floors(p) -> list[dict]:
+    return [
+        {"window": p.windows[0 if i == 0 else -1][0], **p.decode_floors[i],
+         "floor": sum(p.decode_floors[i].values()), "compiled": p.decode[i].bytes_accessed,
+         "ratio": p.floor_ratio(i)}
+        for i in range(2)
+    ]  # fmt: skip
 
 
 def _summary(p, config: str, model: str) -> dict:
@@ -266,6 +306,9 @@ def _summary(p, config: str, model: str) -> dict:
         "update": dataclasses.asdict(p.update),
         "prefill": dataclasses.asdict(p.prefill),
         "decode": [dataclasses.asdict(x) for x in p.decode],
+        "sampler_weights": p.weights,
+        "reshard": dataclasses.asdict(p.reshard) if p.reshard else None,
+        "decode_floor": _floors(p),
         "sampler": dataclasses.asdict(p.sampler) if p.sampler else None,
         "peak_bytes": p.peak_bytes,
         "hbm_bytes": p.chip.hbm_bytes,

@@ -12,8 +12,8 @@ condition (`i < constant(n)`); a loop whose condition has no constant bound (a
   cost estimate says (else 0, counted in `uncosted_kernels`).
 - bytes: HBM traffic as the chip moves it. Per top-level instruction (not inside a
   fusion), its result plus operands, counting only arrays in HBM (layout memory space 0:
-  an `S(1)` array is in on-chip VMEM); a fusion operand only sliced inside counts as its
-  slices; an in-place dynamic-update-slice (a fusion's root or one output of a
+  an `S(1)` array is in on-chip VMEM); a slice, and a fusion operand only sliced inside,
+  count as their slices; an in-place dynamic-update-slice (a fusion's root or one output of a
   multi-output fusion) writes its update and does not read its buffer; a memory-space-
   assignment prefetch (`copy-start`, `slice-start`) moves its destination once on each
   HBM side; `AllocateBuffer` moves nothing.
@@ -530,6 +530,12 @@ def _instr_bytes(instr: _Instr, comps, roots, shapes) -> int:
     started = _start_bytes(instr, shapes) if instr.op.endswith("-start") else None
     if started is not None:
         return started
+    if instr.op in ("slice", "dynamic-slice") and instr.operands:
+        # Reads its slice of the operand, not the whole (the decode's window of the
+        # own K/V cache, sliced into VMEM: counted whole, 64x the read at window 16).
+        read = _bytes(instr.type) if _hbm(shapes.get(instr.operands[0], "")) else 0
+        rest = sum(_hbm(shapes.get(o, "")) for o in instr.operands[1:])  # start indices
+        return _hbm(instr.type) + read + rest
     if instr.op == "dynamic-update-slice" and len(instr.operands) > 1:
         update = shapes.get(instr.operands[1], "")  # in place: read and write the update
         return _hbm(update) + (_bytes(update) if _hbm(instr.type) else 0)

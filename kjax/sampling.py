@@ -17,9 +17,18 @@ import numpy as np
 from kjax import sharding
 from kjax.models import attention, llama
 from kjax.models.config import AttentionBackend, LlamaConfig
+from kjax.sampler_layout import sampler_params
+from kjax.sampler_weights import SamplerWeights
+from kjax.sampling_draw import (  # noqa: F401 (re-exported: kjax.sampling's draw API)
+    _NUCLEUS_CANDIDATES,
+    _choose,
+    _choose_with,
+    draw,
+    processed_logprobs,
+)
 
-_NUCLEUS_CANDIDATES = 64  # top-p from a top-k of this size; exact fallback: bisection over V
 _FIRST_WINDOW = 16  # own-K/V window of the first decode phase; it doubles each phase
+_OWN_BLOCK = 128  # on TPU, own K/V slots read per block (see _decode_logits)
 
 
 class Rollouts(NamedTuple):
@@ -38,127 +47,6 @@ class Rollouts(NamedTuple):
     model_logprobs: jax.Array
     mask: jax.Array
     lengths: jax.Array
-
-
-# ----------------------------------------------------------------------------- processing
-
-
-def processed_logprobs(logits, temperature, top_k: int = 0, top_p: float = 1.0):
-    """Log-probabilities [R,V] of the sampling distribution: logits/temperature, then top-k,
-    then top-p (the order of transformers' warpers); -inf outside the support.
-
-    logits: [R,V] float32. temperature: > 0 (scalar, may be traced).
-    Ties at the top-k / top-p boundary are all kept, so the support is deterministic.
-    """
-    scaled = logits / temperature
-    if top_k:
-        kth = jnp.min(_top_values(scaled, top_k), axis=-1, keepdims=True)
-        scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
-    logp = jax.nn.log_softmax(scaled)
-    if top_p < 1.0:
-        logp = jax.nn.log_softmax(
-            jnp.where(logp >= _nucleus_threshold(logp, top_p), logp, -jnp.inf)
-        )
-    return logp
-
-
-def _top_values(x, k: int):
-    """The k largest values [R,k] of each row of x [R,V], sorted descending. The barrier
-    stops XLA:CPU from turning top_k-then-slice into a full sort (50x slower at V=49152)."""
-    return jax.lax.optimization_barrier(jax.lax.top_k(x, k)[0])
-
-
-def _nucleus_threshold(logp, top_p: float):
-    """Per-row log-prob [R,1] of the least likely token of the top-p nucleus: the smallest
-    set of most likely tokens whose mass reaches top_p (a token stays while the mass strictly
-    above it is < top_p). From the top candidates when they hold top_p of the mass, else
-    from an exact bisection over float32 bit patterns (no sort of V: ~1 s on a CPU)."""
-    V = logp.shape[-1]
-    vals = _top_values(logp, min(V, _NUCLEUS_CANDIDATES))
-    p = jnp.exp(vals)
-    keep = jnp.cumsum(p, axis=-1) - p < top_p
-    threshold = jnp.min(jnp.where(keep, vals, jnp.inf), axis=-1, keepdims=True)
-    if vals.shape[-1] == V:
-        return threshold
-    reached = jnp.all(jnp.sum(p, axis=-1) >= top_p)
-    return jax.lax.cond(reached, lambda: threshold, lambda: _bisect_threshold(logp, top_p))
-
-
-def _bisect_threshold(logp, top_p: float):
-    """Same threshold by bisection: non-negative float32s order like their int32 bits, so
-    31 halvings of [bits(0), bits(1)] find the exact boundary token, one pass over V each."""
-    p = jnp.exp(logp)
-    bits = jax.lax.bitcast_convert_type(p, jnp.int32)
-    mass_above = lambda t: jnp.sum(jnp.where(bits > t[:, None], p, 0.0), axis=-1)
-
-    def halve(_, bounds):  # invariant: mass_above(lo) >= top_p > mass_above(hi)
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        above = mass_above(mid) < top_p
-        return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
-
-    R = logp.shape[0]
-    one = jax.lax.bitcast_convert_type(jnp.float32(1.0), jnp.int32)
-    bounds = (jnp.full((R,), -1, jnp.int32), jnp.full((R,), one, jnp.int32))
-    _, hi = jax.lax.fori_loop(0, 31, halve, bounds)
-    # Kept: bits >= hi. Return the smallest kept log-prob as the threshold.
-    return jnp.min(jnp.where(bits >= hi[:, None], logp, jnp.inf), axis=-1, keepdims=True)
-
-
-def draw(logp, u):
-    """Inverse-CDF draw from each row of logp [R,V] with one uniform u [R] in [0,1).
-
-    Two levels (blocks of tokens, then tokens within the chosen block) so the cost is one
-    pass over V instead of V random numbers (Gumbel-max) or a length-V cumsum per row.
-    Returns token ids [R] int32, never one of zero probability.
-    """
-    R, V = logp.shape
-    block = min(V, 256)
-    pad = -V % block
-    p = jnp.pad(jnp.exp(logp), ((0, 0), (0, pad))).reshape(R, -1, block)
-    mass = p.sum(-1)  # [R, V/block]
-    target = u * mass.sum(-1)
-    j = _first_above(jnp.cumsum(mass, -1), target, mass > 0)
-    inner = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]  # [R, block]
-    rest = target - jnp.take_along_axis(jnp.cumsum(mass, -1) - mass, j[:, None], 1)[:, 0]
-    i = _first_above(jnp.cumsum(inner, -1), rest, inner > 0)
-    return (j * block + i).astype(jnp.int32)
-
-
-def _first_above(cdf, target, positive):
-    """First index where cdf [R,C] > target [R] among positive entries; the last positive
-    entry if rounding puts target past the end."""
-    idx = jnp.arange(cdf.shape[-1])
-    hit = (cdf > target[:, None]) & positive
-    first = jnp.min(jnp.where(hit, idx, cdf.shape[-1]), axis=-1)
-    last = jnp.max(jnp.where(positive, idx, -1), axis=-1)
-    return jnp.where(first < cdf.shape[-1], first, last)
-
-
-def _choose(logits, key, temperature, top_k: int, top_p: float, greedy: bool):
-    """One token per row of logits [R,V]: (tokens, logprobs, model_logprobs), each [R].
-
-    `greedy` is static so a sampling run never pays for an argmax over V, nor greedy for
-    the processing."""
-    u = None if greedy else jax.random.uniform(key, logits.shape[:1])
-    return _choose_with(logits, u, temperature, top_k, top_p, greedy)
-
-
-def _choose_with(logits, u, temperature, top_k: int, top_p: float, greedy: bool):
-    """`_choose` with the uniforms u [R] given (None when greedy): the compacting decode
-    hands each row the uniform its sample has in the full [B*N] vector."""
-    pick = lambda a, token: jnp.take_along_axis(a, token[:, None], axis=-1)[:, 0]
-    if greedy:
-        # First index of the maximum, as argmax, in two plain reductions (2x faster on CPU).
-        top = jnp.max(logits, axis=-1, keepdims=True)
-        index = jnp.arange(logits.shape[-1], dtype=jnp.int32)
-        token = jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
-        logprob = jnp.zeros(token.shape, jnp.float32)
-    else:
-        logp = processed_logprobs(logits, temperature, top_k, top_p)
-        token = draw(logp, u)
-        logprob = pick(logp, token)
-    return token, logprob, pick(logits, token) - jax.nn.logsumexp(logits, axis=-1)
 
 
 # ----------------------------------------------------------------------------- model passes
@@ -243,14 +131,34 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
 
     K = config.num_kv_heads
 
-    def own_attention(q, k, v, mask):
+    # On TPU a window over _OWN_BLOCK slots is read in blocks of _OWN_BLOCK, each sliced
+    # straight out of the whole cache, merged by log-sum-exp: scanned per layer, a layer's
+    # whole window ([B*N, window, K, E], 67 MB per chip for 8B on v6e-64 at window 1023)
+    # was copied out into HBM and read again; a block fits on-chip memory. A smaller
+    # window, and every window elsewhere, is one block, the layer's window scanned (the
+    # CPU's numerics; on TPU a float32 cache read in blocks was converted whole, per step).
+    L, blocked = config.num_layers, attention.platform() == "tpu" and window > _OWN_BLOCK
+    spans = [(a, min(a + _OWN_BLOCK, window)) for a in range(0, window, _OWN_BLOCK)]
+
+    def own_kv(own):
+        """Per layer: the window's [(k, v, first slot, end slot)] blocks."""
+        if not blocked:
+            return [(own[0], own[1], 0, window)]
+        size = lambda a, b: (1, own_k.shape[1], b - a, *own_k.shape[3:])  # noqa: E731
+        cut = lambda c, a, b: jax.lax.dynamic_slice(c, (own, 0, a, 0, 0), size(a, b))[0]  # noqa: E731
+        return [(cut(own_k, a, b), cut(own_v, a, b), a, b) for a, b in spans]
+
+    def own_attention(q, blocks, mask):
         # Where the cache's rows take the tensor axis (sharding.cache_spec), the queries
         # move to those rows for this attention and back; elsewhere both are no-ops.
-        out, lse = llama.attention(sharding.to_cache_rows(q, K), k, v, mask, with_lse=True)
-        return sharding.from_cache_rows(out, K), sharding.from_cache_rows(lse, K)
+        q, parts = sharding.to_cache_rows(q, K), []
+        for k, v, a, b in blocks:
+            out, lse = llama.attention(q, k, v, mask[..., a:b], with_lse=True)
+            parts.append((sharding.from_cache_rows(out, K), sharding.from_cache_rows(lse, K)))
+        return parts
 
     def block(x, inputs):
-        layer, lw, pk, pv, ok, ov = inputs
+        layer, lw, pk, pv, own = inputs
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)
         q = sharding.from_cache_rows(q, K)  # the layout own_attention leaves
         k, v = (sharding.from_cache_rows(a, K, axes=("batch", None, None, None)) for a in (k, v))
@@ -259,7 +167,7 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
         out, lse = llama.attention(q.reshape(B, N, H, E), pk, pv, pm, with_lse=True)
         parts = [
             (out.reshape(B * N, 1, H, E), lse.reshape(B * N, 1, H)),
-            own_attention(q, ok, ov, om),
+            *own_attention(q, own_kv(own), om),
             llama.attention(q, k, v, self_mask, with_lse=True),
         ]
         x = sharding.constrain_batch(
@@ -271,10 +179,11 @@ def _decode_logits(params, config, prompt: PromptCache, own_k, own_v, tokens, st
     # each layer's [B*N, C, K, E] cache was copied out and laid out again before its
     # window slice, every step (8B on v6e-64: 17 of the 35 GB a step moved at window 16).
     live = lambda cache: cache[:, :, :window]  # noqa: E731
-    xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, live(own_k),
-          live(own_v))  # fmt: skip
+    own = jnp.arange(L) if blocked else (live(own_k), live(own_v))
+    xs = (params["layers"], llama.layer_windows(config), prompt.k, prompt.v, own)
     x, ys = jax.lax.scan(block, x0, xs)
-    logits = llama.unembed(params, config, x)[:, 0]
+    # The draw's rows over the tensor devices too (each drew every row of its batch group)
+    logits = sharding.spread_logits(llama.unembed(params, config, x)[:, 0])
     if not with_hidden:
         return logits, ys[0], ys[1]
     return logits, ys[0], ys[1], hidden_trajectory(params, config, x0[:, 0], ys[2])
@@ -304,11 +213,27 @@ class _Loop(NamedTuple):
     out: Rollouts
 
 
-def _phases(T: int) -> list[tuple[int, int]]:
-    """(own-K/V window, exclusive end step) of each decode loop. Step i reads i - 1 past
-    slots, so a window w serves steps up to w + 1; windows double, so the attention work
-    over own K/V stays within 2x of the valid prefix while every shape stays static."""
-    slots, phases, w = max(T - 1, 1), [], min(_FIRST_WINDOW, max(T - 1, 1))
+def own_slots(T: int, tpu: bool = False) -> int:
+    """Slots C of each sample's own K/V cache [L,B*N,C,K,E] for T new tokens: T - 1
+    (step i writes slot i - 1; the last token is drawn, never fed); on TPU rounded up to
+    a multiple of 16 (a bfloat16 tile's rows), of _OWN_BLOCK past it, so that the TPU's
+    default layout puts the slots, not the rows, in the minor tile (1023 slots got the
+    rows, and every decode step copied the whole cache into the layout its attention
+    reads) and the blocks a large window is read in are whole."""
+    slots = max(T - 1, 1)
+    if not tpu:
+        return slots
+    unit = _OWN_BLOCK if slots > _OWN_BLOCK else 16
+    return -(-slots // unit) * unit
+
+
+def _phases(T: int, slots: int = 0) -> list[tuple[int, int]]:
+    """(own-K/V window, exclusive end step) of each decode loop over an own cache of
+    `slots` (default T - 1). Step i reads i - 1 past slots, so a window w serves steps up
+    to w + 1; windows double, so the attention work over own K/V stays within 2x of the
+    valid prefix while every shape stays static."""
+    slots = slots or max(T - 1, 1)
+    phases, w = [], min(_FIRST_WINDOW, slots)
     while not phases or phases[-1][1] < T:
         phases.append((w, min(w + 2, T)))
         w = min(2 * w, slots)
@@ -331,22 +256,26 @@ def _record(out: Rollouts, step, done, token, logprob, model_logprob, stop_ids):
 
 @functools.partial(
     jax.jit, static_argnames=("config", "n", "max_new_tokens", "top_k", "top_p", "stop_ids",
-                              "greedy", "dtype", "compact_floor")
+                              "greedy", "dtype", "compact_floor", "weights")
 )  # fmt: skip
 def sample_params(params, prompts, prompt_mask, key, temperature, *, config: LlamaConfig, n: int,
                   max_new_tokens: int, top_k: int = 0, top_p: float = 1.0,
                   stop_ids: tuple[int, ...] = (), greedy: bool = False,
-                  dtype=jnp.float32, compact_floor: int = 0) -> Rollouts:  # fmt: skip
+                  dtype=jnp.float32, compact_floor: int = 0,
+                  weights: SamplerWeights = SamplerWeights.TRAIN) -> Rollouts:  # fmt: skip
     """The jitted core of `sample` on a params dict (kjax.models.llama layout).
 
     temperature [] float32 > 0 is traced (changing it does not recompile); greedy=True
     ignores it. The other options are static. compact_floor: 0 decodes all B*N rows to the
     end; f >= 1 moves the live samples into smaller batches as others stop, down to f rows
-    (`compact_sizes`; the same tokens, see "Compaction" below).
+    (`compact_sizes`; the same tokens, see "Compaction" below). weights: the layout the
+    rollout reads the weights in (`sampler_params`; TRAIN or TENSOR, resolved), the same
+    tokens either way.
     """
     B, S = prompts.shape
     N, T, L = n, max_new_tokens, config.num_layers
     prompt_mask = prompt_mask.astype(bool)
+    params = sampler_params(params, config, weights)
     logits, prompt = prefill(params, config, prompts, prompt_mask, dtype)
     choose = functools.partial(
         _choose, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy
@@ -358,12 +287,13 @@ def sample_params(params, prompts, prompt_mask, key, temperature, *, config: Lla
     first = choose(jnp.repeat(logits, N, axis=0), jax.random.fold_in(key, 0))
     out, done = _record(out, 0, jnp.zeros((B, N), bool),
                         *(a.reshape(B, N) for a in first), stop_ids)  # fmt: skip
-    own = jnp.zeros((L, B * N, max(T - 1, 1), config.num_kv_heads, config.head_dim), dtype)
+    C = own_slots(T, attention.platform() == "tpu")
+    own = jnp.zeros((L, B * N, C, config.num_kv_heads, config.head_dim), dtype)
     own = sharding.constrain_cache(own)
     state = _Loop(jnp.int32(1), done, own, own, out)
     sizes = compact_sizes(B * N, compact_floor, sharding.batch_shards()) if compact_floor else ()
 
-    for window, end in _phases(T):
+    for window, end in _phases(T, C):
 
         def cond(s: _Loop, end=end):
             go = (s.step < end) & ~jnp.all(s.done)
@@ -499,7 +429,7 @@ def _decode_rows(params, config, prompt: PromptCache, key, choose, s: _Rows, *, 
     take = lambda a: sharding.constrain_cache(a[:, group])
     row_prompt = PromptCache(take(prompt.k), take(prompt.v), prompt.mask[group],
                              prompt.next_pos[group])  # fmt: skip
-    for window, end in _phases(T):
+    for window, end in _phases(T, s.own_k.shape[2]):
 
         def cond(s: _Rows, end=end):
             return (s.step < end) & ~jnp.all(s.done) & (_live(s.done) > next_size)

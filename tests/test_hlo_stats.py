@@ -217,3 +217,27 @@ def test_splash_attention_kernels_costed_from_their_shapes_and_mask(one_chip):
     stats = hlo_stats.module_stats(text, kernel_cost=scale.splash_attention_cost(10 / 16))
     assert stats.uncosted_kernels == 0
     assert stats.flops == pytest.approx((4 + 6 + 8) * H * L * L * E * 10 / 16)
+
+
+_SLICED = """HloModule sliced, is_scheduled=true
+
+ENTRY %main (p: bf16[32,256,1024,1,128], i: s32[]) -> (bf16[32,256,16,1,128], bf16[1,256,1024,1,128]) {
+  %p = bf16[32,256,1024,1,128]{4,2,1,3,0:T(8,128)(2,1)} parameter(0)
+  %i = s32[]{:T(128)} parameter(1)
+  %s = bf16[32,256,16,1,128]{4,2,1,3,0:T(8,128)(2,1)S(1)} slice(%p), slice={[0:32], [0:256], [0:16], [0:1], [0:128]}
+  %z = s32[]{:T(128)} constant(0)
+  %d = bf16[1,256,1024,1,128]{4,2,1,3,0:T(8,128)(2,1)} dynamic-slice(%p, %i, %z, %z, %z, %z), dynamic_slice_sizes={1,256,1024,1,128}
+  ROOT %t = (bf16[32,256,16,1,128]{4,2,1,3,0:T(8,128)(2,1)S(1)}, bf16[1,256,1024,1,128]{4,2,1,3,0:T(8,128)(2,1)}) tuple(%s, %d)
+}
+"""  # noqa: E501 (the compiler's lines; the slice as emitted for the 8B decode on v6e-64)
+
+
+def test_a_slice_reads_its_slice_not_its_operand():
+    """A top-level slice (the decode's 16-slot window of a [32, 256, 1024, 1, 128] own
+    K/V cache, into VMEM, as the compiler emitted it for 8B on v6e-64) reads the window,
+    2 x 32 x 256 x 16 x 128 bytes, not the whole cache; a dynamic-slice of one layer into
+    HBM reads it and writes it: 2 x (2 x 256 x 1024 x 128) bytes, plus its 4 indices (the
+    count had charged both the whole 2.1 GB cache)."""
+    window = 2 * 32 * 256 * 16 * 128
+    layer = 2 * 256 * 1024 * 128
+    assert hlo_stats.module_stats(_SLICED).bytes == window + 2 * layer + 5 * 4

@@ -8,9 +8,12 @@ import torch
 import transformers
 from scipy import stats
 
-from kjax import sampling, sharding
+from kjax import sampler_layout, sampling, sharding
 from kjax.models import forward, pretrained, save_hf
+from kjax.sampler_weights import SamplerWeights
 from tests.models.hf_reference import kjax_from_hf, random_hf_model
+
+TENSOR = SamplerWeights.TENSOR
 
 V = 11  # vocabulary of the tiny random model
 
@@ -249,6 +252,30 @@ def test_sharded_over_eight_devices_equals_single_device(model, mesh_shape):
         np.testing.assert_array_equal(getattr(sharded, name), getattr(single, name))
     for name in ("logprobs", "model_logprobs"):
         np.testing.assert_allclose(getattr(sharded, name), getattr(single, name), atol=1e-5)
+
+
+@pytest.mark.slow  # ~4 s on 2 loaded cores; AUTO never picks TENSOR on CPUs
+def test_weights_resharded_for_the_sampler_draw_the_same_tokens(model):
+    """SamplerWeights.TENSOR (the weights resharded to tensor only inside the jitted
+    sampler, traced under the mesh as the trainer traces it) on 8 CPU devices at fsdp 4 x
+    tensor 2: the tokens of one device, and no weight left sharded over fsdp."""
+    prompts, mask = _prompts(B=8, seed=2)
+    kw = dict(n=4, max_new_tokens=10, top_p=0.9, stop_ids=(3,), config=model.config)
+    params = model.params()
+    single = sampling.sample_params(params, prompts, mask, jax.random.key(5), jnp.float32(1.0),
+                                    **kw)  # fmt: skip
+    mesh = sharding.make_mesh(1, 4, 2)
+    rows = sharding.batch_sharding(mesh)
+    sharded = sharding.shard(model, mesh).params()
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        moved = jax.jit(lambda p: sampler_layout.sampler_params(p, model.config, TENSOR))
+        assert all("fsdp" not in str(x.sharding.spec) for x in jax.tree.leaves(moved(sharded)))
+        out = sampling.sample_params(sharded, jax.device_put(prompts, rows),
+                                     jax.device_put(mask, rows), jax.random.key(5),
+                                     jnp.float32(1.0), weights=TENSOR, **kw)  # fmt: skip
+    for name in ("tokens", "mask", "lengths"):
+        np.testing.assert_array_equal(getattr(out, name), getattr(single, name))
+    np.testing.assert_allclose(out.logprobs, single.logprobs, atol=1e-5)
 
 
 def test_one_compilation_across_calls_and_rl_steps(model, monkeypatch):

@@ -82,9 +82,11 @@ def test_update_and_decode_flops_match_their_closed_forms(plan):
 
 
 def test_kv_cache_bytes_by_hand(plan):
-    # prompt [L=2, B=8, S=8, K=2, E=16] + own [2, B*N=32, T-1=3, 2, 16], k and v, float32,
-    # rows over data*fsdp = 2, kv heads over tensor = 2.
-    per_chip = (2 * 8 * 8 * 2 * 16 + 2 * 32 * 3 * 2 * 16) // 4
+    # prompt [L=2, B=8, S=8, K=2, E=16] + own [2, B*N=32, 16, 2, 16] (T-1=3 slots padded
+    # to 16 on TPU, sampling.own_slots), k and v, float32, rows over data*fsdp = 2, kv
+    # heads over tensor = 2.
+    assert scale.planner.sampling.own_slots(4, tpu=True) == 16
+    per_chip = (2 * 8 * 8 * 2 * 16 + 2 * 32 * 16 * 2 * 16) // 4
     assert plan.kv_bytes == 2 * 4 * per_chip
 
 

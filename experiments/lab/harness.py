@@ -214,6 +214,7 @@ def open_run(cfg, workdir: pathlib.Path, log=lambda *a, **k: None):
 # reusable. As dataclasses.asdict holds them (enum members, nested dicts).
 _LATER_DEFAULTS = {
     "sampler_compact_floor": 0,  # the static sampler (kjax.sampling)
+    "sampler_weights": "AUTO",  # the trainer's layout on CPUs (kjax.sampler_layout)
     "rl.pack": "OFF",  # the padded update (kjax.rl.packing)
     "model.attention": "AUTO",  # jnp on CPU (kjax.models.attention)
     "model.lora": dataclasses.asdict(LoraConfig()),  # full fine-tuning (kjax.models.lora)

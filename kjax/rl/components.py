@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import pathlib
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kjax import checkpoint, sharding, writer_lock
+from kjax import checkpoint, sampler_layout, sampling, sharding, writer_lock
 from kjax.models import Llama, LlamaConfig, lora
 from kjax.rl import multihost, sft
 from kjax.rl.config import BonAnchor, EvalSplit, ModelKind, Objective, TrainConfig, to_json
@@ -28,6 +29,7 @@ from kjax.rl.objective import compute_advantages, offpolicy_reweighter
 from kjax.rl.optim import make_optimizer
 from kjax.rl.task import Task, load_task, tiny_tokenizer
 from kjax.rl.train_step import TrainState, init_train_state, make_train_step, shardings_of
+from kjax.sampler_weights import SamplerWeights
 from kjax.sampling import sample_params
 
 
@@ -147,6 +149,7 @@ def step_and_sampler(
     )
     stop_ids, T = task.stop_ids, cfg.max_new_tokens
     on = mesh if sampler_mesh is None else sampler_mesh
+    weights = sampler_weights(cfg, model_config, on, state)
 
     def sampler(params, prompts, prompt_mask, key, temperature, *, n: int):
         # Traced under the mesh, the sampler pins its rows (activations, own K/V) to the
@@ -155,9 +158,44 @@ def step_and_sampler(
             return sample_params(params, prompts, prompt_mask, key, temperature, n=n,
                                  config=model_config, dtype=dtype, max_new_tokens=T,
                                  stop_ids=stop_ids,
-                                 compact_floor=cfg.sampler_compact_floor)  # fmt: skip
+                                 compact_floor=cfg.sampler_compact_floor,
+                                 weights=weights)  # fmt: skip
 
     return step_fn, sampler
+
+
+def sampler_weights(cfg: TrainConfig, model_config: LlamaConfig, mesh, state) -> SamplerWeights:
+    """cfg.sampler_weights resolved for `mesh` (kjax.sampler_layout.resolve_weights): AUTO
+    by the first device's memory limit (none on a CPU: the trainer's layout), the K/V
+    cache of one rollout at config.task.max_prompt_tokens (the model's context when 0),
+    and the train state, which stays allocated while the sampler runs."""
+    if cfg.sampler_weights is not SamplerWeights.AUTO:
+        return cfg.sampler_weights
+    try:
+        stats = mesh.devices.flat[0].memory_stats() or {}
+    except Exception:  # a backend without memory statistics  # noqa: BLE001
+        stats = {}
+    hbm = stats.get("bytes_limit")
+    if not hbm or mesh.shape.get("fsdp", 1) == 1:
+        return SamplerWeights.TRAIN
+    S = cfg.task.max_prompt_tokens or model_config.max_position_embeddings
+    B, N, T = cfg.batch_prompts, cfg.samples, cfg.max_new_tokens
+    L, K, E = model_config.num_layers, model_config.num_kv_heads, model_config.head_dim
+    item = jnp.dtype(cfg.model.compute_dtype).itemsize
+    tpu = mesh.devices.flat[0].platform == "tpu"
+    cache = sum(
+        2 * sampler_layout.per_chip_bytes(shape, sharding.cache_spec(shape, mesh), mesh, item)
+        for shape in ((L, B, S, K, E), (L, B * N, sampling.own_slots(T, tpu), K, E))
+    )
+    held = sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        for x in jax.tree.leaves(state)
+        if hasattr(x, "sharding")
+    )
+    return sampler_layout.resolve_weights(
+        cfg.sampler_weights, state.params, model_config, mesh, cache_bytes=cache,
+        resident_bytes=held, hbm_bytes=hbm,
+    )  # fmt: skip
 
 
 def tiny_model_config(cfg: TrainConfig) -> LlamaConfig:

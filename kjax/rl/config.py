@@ -46,6 +46,7 @@ from kjax.rl.step_config import (
     RatioLevel,
     StepConfig,
 )
+from kjax.sampler_weights import SamplerWeights
 from kjax.tasks.arith import Config as ArithConfig
 from kjax.tasks.arith import operators as _operators
 from kjax.tasks.base import TaskConfig
@@ -58,6 +59,7 @@ __all__ = [
     "ArithConfig",
     "AttentionBackend",
     "BonAnchor",
+    "SamplerWeights",
     "CheckpointConfig",
     "CodeConfig",
     "CountdownConfig",
@@ -313,6 +315,12 @@ class TrainConfig:
     # (kjax.sampling.compact_sizes): the same tokens; log-probs equal to float rounding
     # only (XLA's dots round a row differently at another batch size), hence off by default.
     sampler_compact_floor: int = dataclasses.field(default=0, metadata=IDENTITY_IF_SET)
+    # The layout the sampler reads the weights in (kjax.sampler_weights): AUTO is the
+    # trainer's on CPUs and one device (the same tokens either way), tensor-only on a
+    # TPU/GPU mesh with fsdp > 1 where that fits beside the KV cache.
+    sampler_weights: SamplerWeights = dataclasses.field(
+        default=SamplerWeights.AUTO, metadata=IDENTITY_IF_SET
+    )
     dynamic_sampling: bool = False  # drop all-zero-advantage groups, refill from next prompts
     objective: ObjectiveConfig = ObjectiveConfig()
     k_schedule: KSchedule | None = None
@@ -338,6 +346,7 @@ class TrainConfig:
             self.temperature,
         )
         check_int(self.sampler_compact_floor, "config.sampler_compact_floor", 0)
+        coerce_enums(self, "")
         need(self.verifier_workers >= 0, "verifier_workers", "must be >= 0", self.verifier_workers)
         need(
             isinstance(self.task, TaskConfig),

@@ -16,12 +16,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kjax import sampling, sharding
+from kjax import sampler_layout, sampling, sharding
 from kjax.models.config import LlamaConfig
 from kjax.models.llama import Llama
 from kjax.rl.components import step_and_sampler
 from kjax.rl.config import ModelKind, TrainConfig
 from kjax.rl.train_step import RLBatch, TrainState, optimizer_shardings
+from kjax.sampler_weights import SamplerWeights
 from kjax.scale.chips import Chip, chip_of, topology_devices
 from kjax.scale.compiled import Compiled, compile_one
 from kjax.scale.costs import (
@@ -99,13 +100,44 @@ def _cache(shape, dtype, mesh):
     return _abstract(shape, dtype, NamedSharding(mesh, sharding.cache_spec(shape, mesh)))
 
 
+def _tpu(mesh: Mesh) -> bool:
+    """Whether `mesh` is of TPU devices (the sampler pads its own K/V cache there)."""
+    return mesh.devices.flat[0].platform == "tpu"
+
+
 def kv_cache_bytes(c: LlamaConfig, shape: Shape, dtype, mesh: Mesh) -> int:
     """Per-chip bytes of the sampler's K/V: the prompt's [L,B,S,K,E] once per prompt and
     each sample's own [L,B*N,T-1,K,E], keys and values, laid out by sharding.cache_spec."""
     L, K, E = c.num_layers, c.num_kv_heads, c.head_dim
     prompt = _cache((L, shape.B, shape.S, K, E), dtype, mesh)
-    own = _cache((L, shape.B * shape.N, max(shape.T - 1, 1), K, E), dtype, mesh)
+    own = _cache((L, shape.B * shape.N, sampling.own_slots(shape.T, _tpu(mesh)), K, E), dtype, mesh)
     return 2 * per_chip_bytes([prompt, own])
+
+
+def decode_floor(c: LlamaConfig, shape: Shape, window: int, mesh: Mesh, params,
+                 dtype) -> dict[str, int]:  # fmt: skip
+    """The HBM bytes one chip must move in one decode step reading `window` own K/V slots,
+    by term, with the weights `params` (ShapeDtypeStructs) in the sampler's layout:
+
+    weights: every weight the chip holds, read once (each of its rows meets each), but of
+      an untied embedding table only its rows' embeddings;
+    prompt_kv: the K and V of its prompts, all S slots (every sample attends to them);
+    own_kv: its rows' K and V over the window, and the fed token's K and V written.
+    Nothing else is counted (the logits, activations and the draw may stay in on-chip
+    memory: on v6e they do), so a compiled step can approach it, not go below it."""
+    L, K, E, D = c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
+    rows = shape.B * shape.N
+    weights = 0
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if not c.tie_embeddings and getattr(path[0], "key", None) == "embed":
+            x = _abstract((rows, D), x.dtype, NamedSharding(mesh, P(sharding.RULES["batch"])))
+        weights += per_chip_bytes(x)
+    cache = lambda n, length: 2 * per_chip_bytes(_cache((L, n, length, K, E), dtype, mesh))  # noqa: E731
+    return {
+        "weights": weights,
+        "prompt_kv": cache(shape.B, shape.S),
+        "own_kv": cache(rows, window) + cache(rows, 1),
+    }
 
 
 class _Stops:
@@ -170,7 +202,7 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
         _abstract((B, S), bool, sh),
         _abstract((B,), jnp.int32, sh),
     )
-    own = _cache((L, B * N, max(T - 1, 1), K, E), dtype, mesh)
+    own = _cache((L, B * N, sampling.own_slots(T, _tpu(mesh)), K, E), dtype, mesh)
 
     def body(params, prompt, own_k, own_v, fed, step, key, temperature):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as the trainer's sampler
@@ -197,6 +229,19 @@ def compile_decode(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params, shape: 
     out = (own.sharding, own.sharding, (rows, rows, rows))
     fn = jax.jit(body, donate_argnums=(2, 3), out_shardings=out)
     return compile_one(f"decode@{window}", fn, *args, mesh=mesh)
+
+
+def compile_reshard(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, params,
+                    weights: SamplerWeights) -> Compiled | None:  # fmt: skip
+    """The sampler's once-per-rollout reshard of the weights from the trainer's layout
+    (`params`) to `weights`' (kjax.sampler_layout.sampler_params), compiled on its own;
+    None where the layouts are the same (TRAIN)."""
+    if weights is not SamplerWeights.TENSOR:
+        return None
+    rules = sampler_layout.weight_rules(weights)
+    target = abstract_params(c, param_dtype(cfg), mesh, rules)
+    fn = jax.jit(lambda p: p, out_shardings=jax.tree.map(lambda x: x.sharding, target))
+    return compile_one("reshard", fn, params, mesh=mesh)
 
 
 def compile_sampler(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape):
@@ -237,6 +282,16 @@ class Plan:
     sampler: Compiled | None
     update_model_flops: float  # all chips
     decode_model_flops: tuple[float, float]  # all chips, at the two windows
+    # The sampler's weight layout (SamplerWeights value), its once-per-rollout reshard
+    # from the trainer's (None: the same layout), and the decode floor's terms at the two
+    # windows (decode_floor).
+    weights: str = SamplerWeights.TRAIN.value
+    reshard: Compiled | None = None
+    decode_floors: tuple[dict, dict] = ({}, {})
+
+    def floor_ratio(self, i: int) -> float:
+        """The compiled decode step's HBM bytes over its floor, at window i (0, -1)."""
+        return self.decode[i].bytes_accessed / sum(self.decode_floors[i].values())
 
     @property
     def grads_bytes(self) -> int:
@@ -249,6 +304,8 @@ class Plan:
         prefill's and the decode steps' (a decode step that overflows HBM on its own
         overflows inside the whole sampler too, whatever its memory analysis says)."""
         parts = [self.prefill.peak_bytes, *(d.peak_bytes for d in self.decode)]
+        if self.reshard is not None:
+            parts.append(self.reshard.peak_bytes)
         if self.sampler is not None:
             parts.append(self.sampler.peak_bytes)
         return max(parts)
@@ -261,8 +318,7 @@ class Plan:
     def fits(self) -> bool:
         """Every program's peak within HBM, and none the compiler refused for memory."""
         programs = [self.update, self.prefill, *self.decode]
-        if self.sampler is not None:
-            programs.append(self.sampler)
+        programs += [p for p in (self.reshard, self.sampler) if p is not None]
         overflow = any(p.overflow for p in programs)
         return self.peak_bytes <= self.chip.hbm_bytes and not overflow
 
@@ -290,8 +346,9 @@ class Plan:
         return sum(terms) if serial else max(terms)
 
     def _sampler(self, serial: bool) -> float:
-        prefill = self.prefill.serial_seconds_on if serial else self.prefill.seconds_on
-        total, start = prefill(self.chip), 1
+        once = [self.prefill] + ([self.reshard] if self.reshard is not None else [])
+        total, start = sum(p.serial_seconds_on(self.chip) if serial else p.seconds_on(self.chip)
+                           for p in once), 1  # fmt: skip
         for window, end in self.windows:
             total += (end - start) * self._decode_step(window, serial)
             start = end
@@ -299,9 +356,10 @@ class Plan:
 
     @property
     def sampler_seconds(self) -> float:
-        """Prefill + every decode step of a sample that runs all T tokens, each step's cost
-        interpolated (linear in the window) between the two compiled decode steps; each
-        program at max(compute, HBM, ICI)."""
+        """The weights' reshard (once per rollout, TENSOR) + prefill + every decode step
+        of a sample that runs all T tokens, each step's cost interpolated (linear in the
+        window) between the two compiled decode steps; each program at max(compute, HBM,
+        ICI)."""
         return self._sampler(serial=False)
 
     @property
@@ -359,21 +417,32 @@ def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatch
 
     params = abstract_params(c, param_dtype(cfg), mesh)
     state = abstract_state(params, make_optimizer(cfg.optimizer), mesh)
+    dtype = cfg.model.compute_dtype
+    kv_bytes = kv_cache_bytes(c, shape, dtype, mesh)
+    held = per_chip_bytes(state.params) + per_chip_bytes(state.opt_state)
+    weights = sampler_layout.resolve_weights(
+        cfg.sampler_weights, params, c, mesh, cache_bytes=kv_bytes, resident_bytes=held,
+        hbm_bytes=chip.hbm_bytes,
+    )  # fmt: skip
+    cfg = dataclasses.replace(cfg, sampler_weights=weights)  # the sampler's, resolved
+    sampler_params = abstract_params(
+        c, param_dtype(cfg), mesh, sampler_layout.weight_rules(weights)
+    )
     label = f"{topology} mesh {'x'.join(map(str, mesh_sizes))} micro {microbatches}"
     log(f"{label}: compiling the update")
     update = compile_update(cfg, c, mesh, state, shape)
     log(f"{label}: update compiled in {update.seconds:.0f} s; compiling the sampler")
-    phases = tuple(sampling._phases(shape.T))
-    prefill = compile_prefill(cfg, c, mesh, params, shape)
-    first = compile_decode(cfg, c, mesh, params, shape, phases[0][0])
+    phases = tuple(sampling._phases(shape.T, sampling.own_slots(shape.T, _tpu(mesh))))
+    reshard = compile_reshard(cfg, c, mesh, params, weights)
+    prefill = compile_prefill(cfg, c, mesh, sampler_params, shape)
+    first = compile_decode(cfg, c, mesh, sampler_params, shape, phases[0][0])
     last = first
     if phases[-1][0] != phases[0][0]:
-        last = compile_decode(cfg, c, mesh, params, shape, phases[-1][0])
+        last = compile_decode(cfg, c, mesh, sampler_params, shape, phases[-1][0])
     sampler = compile_sampler(cfg, c, mesh, state, shape) if full_sampler else None
-    parts = {id(x): x for x in (prefill, first, last, sampler) if x is not None}
+    parts = {id(x): x for x in (reshard, prefill, first, last, sampler) if x is not None}
     seconds = sum(x.seconds for x in parts.values())
-    log(f"{label}: sampler compiled in {seconds:.0f} s")
-    dtype = cfg.model.compute_dtype
+    log(f"{label}: sampler compiled in {seconds:.0f} s (weights: {weights.value})")
     return Plan(
         topology=topology,
         chip=chip,
@@ -383,7 +452,7 @@ def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatch
         shape=shape,
         params_bytes=per_chip_bytes(state.params),
         opt_bytes=per_chip_bytes(state.opt_state),
-        kv_bytes=kv_cache_bytes(c, shape, dtype, mesh),
+        kv_bytes=kv_bytes,
         update=update,
         prefill=prefill,
         decode=(first, last),
@@ -393,5 +462,11 @@ def plan(cfg: TrainConfig, c: LlamaConfig, topology: str, mesh_sizes, microbatch
         decode_model_flops=(
             decode_flops(c, shape, phases[0][0]),
             decode_flops(c, shape, phases[-1][0]),
+        ),
+        weights=weights.value,
+        reshard=reshard,
+        decode_floors=tuple(
+            decode_floor(c, shape, w, mesh, sampler_params, dtype)
+            for w in (phases[0][0], phases[-1][0])
         ),
     )

@@ -634,9 +634,9 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
 
 
 def test_fingerprint_leaves_out_a_later_field_at_its_default():
-    """Rows fingerprinted before sampler_compact_floor, rl.pack, model.attention,
-    model.lora and objective.bon_anchor(_samples) stay reusable (the hash without them);
-    setting any changes the hash."""
+    """Rows fingerprinted before sampler_compact_floor, sampler_weights, rl.pack,
+    model.attention, model.lora and objective.bon_anchor(_samples) stay reusable (the hash
+    without them); setting any changes the hash."""
     import hashlib
 
     from kjax.lora_config import LoraConfig
@@ -646,12 +646,13 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
     cfg = TrainConfig()
     fields = dataclasses.asdict(cfg)
     del fields["sampler_compact_floor"], fields["rl"]["pack"], fields["model"]["attention"]
-    del fields["model"]["lora"], fields["objective"]["bon_anchor"]
+    del fields["sampler_weights"], fields["model"]["lora"], fields["objective"]["bon_anchor"]
     del fields["objective"]["bon_anchor_samples"]
     before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
     assert harness.fingerprint(cfg) == before[:16]
     for on in (
         dataclasses.replace(cfg, sampler_compact_floor=4),
+        dataclasses.replace(cfg, sampler_weights="tensor"),
         dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, pack=PackMode.GROUP)),
         dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, attention=AttentionBackend.SPLASH)
