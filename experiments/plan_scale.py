@@ -134,16 +134,20 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(cfg: TrainConfig, c, chips: int,
                hbm_bytes: int | None = None) -> list[tuple[tuple[int, int, int], int]]:  # fmt: skip
-    """(data, fsdp, tensor), microbatches pairs that split B, tensor up to the kv heads,
-    ordered by an analytic guess of what compiles to the fastest fitting step (fewest
-    microbatches, then tensor parallelism just enough): the compiler ranks them after.
+    """(data, fsdp, tensor), microbatches pairs that split B, tensor dividing the query
+    heads and either dividing the kv heads or a multiple of them (the KV cache's rows
+    then go over tensor, the training forward repeats the kv heads: kjax.sharding.
+    cache_spec, kjax.models.attention.kv_weights_per_query_head), ordered by an analytic
+    guess of what compiles to the fastest fitting step (fewest microbatches, then tensor
+    parallelism just enough): the compiler ranks them after.
     With `hbm_bytes`, the meshes whose analytic memory bound (kjax.scale.memory_bound)
     fits it come first, the rest after by that bound, smallest first."""
     from kjax.scale import Shape, memory_bound, param_dtype
 
     B, mini, out = cfg.batch_prompts, cfg.rl.minibatches, []
     for tensor in _divisors(chips):
-        if tensor > c.num_kv_heads:
+        K = c.num_kv_heads
+        if c.num_heads % tensor or (K % tensor and tensor % K):
             continue
         for fsdp in _divisors(chips // tensor):
             data = chips // tensor // fsdp

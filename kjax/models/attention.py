@@ -208,6 +208,53 @@ def _splash_attention(q, k, v, prompt_mask, n, t, *, interpret: bool):
     return out.transpose(0, 2, 1, 3)[:, :L]
 
 
+def kv_repeat(num_heads: int, num_kv_heads: int, rules=sharding.RULES) -> int:
+    """How many times each kv head is repeated for the kernel under the traced mesh: H/K
+    where the heads rule's axes (tensor) divide the H query heads but not the K kv heads
+    (8B on tensor 16 or 32: 8 kv heads, 32 query heads), else 1 (and 1 without a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    heads = tuple(n for n in sharding._axes_of(rules["heads"], mesh) if mesh.shape[n] > 1)
+    size = sharding._size(heads, mesh)
+    if size > 1 and num_heads % size == 0 and num_kv_heads % size:
+        return num_heads // num_kv_heads
+    return 1
+
+
+# A layer's k/v weights with their kv-heads axis: (name, that axis in one layer's slice).
+_KV_HEAD_AXIS = {"k": 1, "v": 1, "k_bias": 0, "v_bias": 0, "k_lora_b": 1, "v_lora_b": 1}
+
+
+def kv_weights_per_query_head(layer, num_heads: int, num_kv_heads: int, rules=sharding.RULES):
+    """One layer's weights ({name: array}, kjax.models.llama's layout, the layer axis
+    dropped) with the k and v projections (their biases and LoRA B factors too) repeated
+    to the query heads and laid out heads over tensor, where `kv_repeat` > 1; `layer` as
+    is otherwise. k = x repeat(W_k) equals repeat(x W_k), so the values are unchanged.
+
+    Why: the splash kernel then gets as many kv heads as query heads, split like them.
+    Repeating the activations k and v instead (what `_sharded` does) left the partitioner
+    to sum the repeated heads' gradients back onto 8 kv heads that tensor 32 cannot
+    split: every chip then computed the whole k and v weight gradient and input gradient
+    (8B MATH on v5e-256, mesh 1x8x32: the update's FLOPs 1.66x the analytic count). Here
+    each chip computes its own query heads' k and v (H/K of the plain projection's
+    FLOPs over tensor, in the forward as before and now in the backward too)."""
+    g = kv_repeat(num_heads, num_kv_heads, rules)
+    if g == 1:
+        return layer
+    mesh = jax.sharding.get_abstract_mesh()
+    out = dict(layer)
+    for name, axis in _KV_HEAD_AXIS.items():
+        if name not in layer:
+            continue
+        w = jnp.repeat(layer[name], g, axis=axis)
+        logical = [None] * w.ndim
+        logical[axis] = "heads"
+        spec = sharding.logical_to_spec(logical, w.shape, mesh, rules)
+        out[name] = jax.lax.with_sharding_constraint(w, spec)
+    return out
+
+
 def _sharded(run, mesh, B, H, K, kh, vh):
     """`run` in a shard_map over `mesh`: rows over the batch axes and heads over the
     kv_heads axes where they divide B and H (GSPMD cannot split a Pallas call; left to

@@ -117,6 +117,10 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     def block(x, inputs):
         layer, w = inputs
         layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, not activations
+        if backend is AttentionBackend.SPLASH:  # kv heads as many as the kernel's heads
+            layer = attention.kv_weights_per_query_head(
+                layer, config.num_heads, config.num_kv_heads
+            )
         q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
         if backend is not AttentionBackend.JNP:  # one kernel call, the same mask
             out = attention.grouped_attention(backend, q, k, v, pmask, N, T)

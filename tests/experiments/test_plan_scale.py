@@ -29,14 +29,20 @@ def test_hf_directory_is_read_by_its_config_json(tmp_path):
         plan_scale.model_config(load_config(PRESET), str(tmp_path / "missing"))
 
 
-def test_candidates_split_the_batch_and_keep_tensor_within_kv_heads():
+def test_candidates_split_the_batch_and_the_heads():
+    """Tensor divides the 32 query heads and divides, or is a multiple of, the 8 kv heads;
+    on v5e-256 (256 chips, 64 prompt groups per minibatch) that leaves tensor 4 to 32."""
     cfg = load_config(PRESET)
     c = plan_scale.model_config(cfg, "llama-3.1-8b")
-    found = plan_scale.candidates(cfg, c, 64)
-    assert found
-    for (data, fsdp, tensor), micro in found:
-        assert data * fsdp * tensor == 64 and tensor <= c.num_kv_heads
-        assert cfg.batch_prompts % (cfg.rl.minibatches * micro * data * fsdp) == 0
+    for chips in (64, 256):
+        found = plan_scale.candidates(cfg, c, chips)
+        assert found
+        for (data, fsdp, tensor), micro in found:
+            assert data * fsdp * tensor == chips and c.num_heads % tensor == 0
+            assert c.num_kv_heads % tensor == 0 or tensor % c.num_kv_heads == 0
+            assert cfg.batch_prompts % (cfg.rl.minibatches * micro * data * fsdp) == 0
+    tensors = {m[2] for m, _ in plan_scale.candidates(cfg, c, 256)}
+    assert tensors == {4, 8, 16, 32}
 
 
 def test_smallest_topology_holds_the_state():

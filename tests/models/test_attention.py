@@ -187,3 +187,88 @@ def test_update_with_splash_compiles_for_v5e_2x2():
             AttentionBackend.SPLASH
         )
         assert attention.resolve(auto, jnp.bfloat16, 24) is AttentionBackend.JNP
+
+
+def test_kv_weights_repeated_to_query_heads_only_where_tensor_cannot_split_them():
+    """On a 1x1x4 mesh of CPU devices, 4 query heads and 2 kv heads: the k and v weights
+    (and biases, LoRA B) come back with 4 heads, laid out one per tensor device, and the
+    projection through them equals the plain projection's heads repeated (query head h
+    reads kv head h // 2). Tensor 2, which splits the kv heads, and no mesh leave the
+    layer as it was."""
+    from kjax import sharding
+
+    D, H, K, E, r = 8, 4, 2, 3, 2
+    rng = np.random.default_rng(0)
+    layer = {
+        "q": rng.normal(size=(D, H, E)).astype(np.float32),
+        "k": rng.normal(size=(D, K, E)).astype(np.float32),
+        "v": rng.normal(size=(D, K, E)).astype(np.float32),
+        "k_bias": np.arange(K * E, dtype=np.float32).reshape(K, E),
+        "v_lora_b": np.arange(r * K * E, dtype=np.float32).reshape(r, K, E),
+    }
+    x = rng.normal(size=(5, D))
+    assert attention.kv_weights_per_query_head(layer, H, K) is layer  # no mesh
+    devices = np.array(jax.devices()[:4])
+    for tensor, expect in ((2, 1), (4, 2)):
+        mesh = sharding.make_mesh(1, 4 // tensor, tensor, devices=devices)
+        with jax.set_mesh(mesh):
+            assert attention.kv_repeat(H, K) == expect
+            out = jax.jit(lambda p: attention.kv_weights_per_query_head(p, H, K))(layer)
+        if expect == 1:
+            assert all(out[n].shape == layer[n].shape for n in layer)
+            continue
+        assert out["k"].shape == out["v"].shape == (D, H, E) and out["q"] is not None
+        assert out["k_bias"].shape == (H, E) and out["v_lora_b"].shape == (r, H, E)
+        assert tuple(out["k"].sharding.spec)[:2] == (None, "tensor")
+        for name in ("k", "v"):
+            got = np.einsum("nd,dhe->nhe", x, np.asarray(out[name]))
+            ref = np.repeat(np.einsum("nd,dke->nke", x, np.asarray(layer[name])), H // K, axis=1)
+            np.testing.assert_allclose(got, ref, rtol=1e-5)
+        np.testing.assert_array_equal(out["k_bias"], np.repeat(layer["k_bias"], 2, axis=0))
+        np.testing.assert_array_equal(out["v_lora_b"], np.repeat(layer["v_lora_b"], 2, axis=1))
+
+
+@SLOW  # two TPU compiles, ~30 s each on 2 cores
+@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
+def test_update_computes_one_kv_head_per_chip_where_tensor_exceeds_the_kv_heads(monkeypatch):
+    """kjax's RL update with splash, 4 query heads and 2 kv heads, compiled for tensor 4
+    (v5e:2x2, mesh 1x1x4). With the kv weights repeated to the query heads
+    (kv_weights_per_query_head) every chip's k/v weight-gradient dots produce one head,
+    [D, E] = [64, 16]; with the kv heads repeated only as activations inside the kernel
+    call (the layer as it was, patched back here) the partitioner computed the whole
+    [D, K, E] = [64, 2, 16] weight gradient on every chip, and the program's FLOPs per
+    chip were higher (8B MATH on v5e-256 at tensor 32: 1.66x the analytic count)."""
+    from kjax import hlo_stats, sharding
+    from kjax.rl.components import step_and_sampler
+    from kjax.rl.config import ArithConfig, ModelConfig, TrainConfig
+    from kjax.rl.optim import make_optimizer
+
+    c = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=True,
+                    eos_ids=(1,))  # fmt: skip
+    cfg = TrainConfig(
+        batch_prompts=8, samples=4, max_new_tokens=4, task=ArithConfig(max_prompt_tokens=8),
+        model=ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                          attention="splash"),
+    )  # fmt: skip
+    mesh = sharding.make_mesh(1, 1, 4, devices=scale.topology_devices("v5e:2x2"))
+    state = scale.abstract_state(
+        scale.abstract_params(c, scale.param_dtype(cfg), mesh), make_optimizer(cfg.optimizer), mesh
+    )
+    shape = scale.Shape.of(cfg)
+    batch = scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
+
+    def compiled():
+        step_fn, _ = step_and_sampler(cfg, c, mesh, state, type("Stops", (), {"stop_ids": (1,)}))
+        hlo = step_fn.lower(state, batch, None, np.int32(cfg.objective.k)).compile().as_text()
+        types = [i.type.split("{")[0] for b in hlo_stats.computations(hlo).values() for i in b
+                 if i.op in ("dot", "convolution")]  # fmt: skip
+        return types, hlo_stats.module_stats(hlo).flops
+
+    types, flops = compiled()
+    assert "f32[64,16]" in types and not any(t.startswith("f32[64,2,16]") for t in types)
+    monkeypatch.setattr(attention, "kv_weights_per_query_head", lambda layer, *a, **k: layer)
+    jax.clear_caches()  # the step's traced jaxpr would be reused otherwise
+    types_before, flops_before = compiled()
+    assert any(t.startswith("f32[64,2,16]") for t in types_before)
+    assert flops < flops_before
