@@ -209,16 +209,17 @@ def _splash_attention(q, k, v, prompt_mask, n, t, *, interpret: bool):
 
 
 def kv_repeat(num_heads: int, num_kv_heads: int, rules=sharding.RULES) -> int:
-    """How many times each kv head is repeated for the kernel under the traced mesh: H/K
-    where the heads rule's axes (tensor) divide the H query heads but not the K kv heads
-    (8B on tensor 16 or 32: 8 kv heads, 32 query heads), else 1 (and 1 without a mesh)."""
+    """How many times each kv head is repeated under the traced mesh so that every
+    device of the heads rule's axes (tensor) holds one: tensor / K where tensor divides
+    the H query heads and is a multiple of the K kv heads (8B, 8 kv heads, on tensor 32:
+    4; 70B on tensor 16: 2), else 1 (and 1 without a mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return 1
     heads = tuple(n for n in sharding._axes_of(rules["heads"], mesh) if mesh.shape[n] > 1)
     size = sharding._size(heads, mesh)
-    if size > 1 and num_heads % size == 0 and num_kv_heads % size:
-        return num_heads // num_kv_heads
+    if size > num_kv_heads and num_heads % size == 0 and size % num_kv_heads == 0:
+        return size // num_kv_heads
     return 1
 
 
@@ -228,17 +229,19 @@ _KV_HEAD_AXIS = {"k": 1, "v": 1, "k_bias": 0, "v_bias": 0, "k_lora_b": 1, "v_lor
 
 def kv_weights_per_query_head(layer, num_heads: int, num_kv_heads: int, rules=sharding.RULES):
     """One layer's weights ({name: array}, kjax.models.llama's layout, the layer axis
-    dropped) with the k and v projections (their biases and LoRA B factors too) repeated
-    to the query heads and laid out heads over tensor, where `kv_repeat` > 1; `layer` as
-    is otherwise. k = x repeat(W_k) equals repeat(x W_k), so the values are unchanged.
+    dropped) with the k and v projections (their biases and LoRA B factors too) each
+    head repeated `kv_repeat` times and laid out heads over tensor, where that is > 1;
+    `layer` as is otherwise. k = x repeat(W_k) equals repeat(x W_k), and query head h
+    reads repeated head h // (H / (K g)), a copy of kv head h // (H / K): the values are
+    unchanged.
 
-    Why: the splash kernel then gets as many kv heads as query heads, split like them.
-    Repeating the activations k and v instead (what `_sharded` does) left the partitioner
-    to sum the repeated heads' gradients back onto 8 kv heads that tensor 32 cannot
-    split: every chip then computed the whole k and v weight gradient and input gradient
-    (8B MATH on v5e-256, mesh 1x8x32: the update's FLOPs 1.66x the analytic count). Here
-    each chip computes its own query heads' k and v (H/K of the plain projection's
-    FLOPs over tensor, in the forward as before and now in the backward too)."""
+    Why: the splash kernel then gets one kv head per tensor device, split like the query
+    heads. Repeating the activations k and v to H heads instead (what `_sharded` does)
+    left the partitioner to sum the repeated heads' gradients back onto 8 kv heads that
+    tensor 32 cannot split: every chip then computed the whole k and v weight gradient
+    and input gradient (8B MATH on v5e-256, mesh 1x8x32: the update's FLOPs 1.66x the
+    analytic count). Here each chip computes its one kv head's k and v, forward and
+    backward (tensor / K times the plain projections' FLOPs over all chips)."""
     g = kv_repeat(num_heads, num_kv_heads, rules)
     if g == 1:
         return layer

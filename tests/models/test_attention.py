@@ -190,11 +190,11 @@ def test_update_with_splash_compiles_for_v5e_2x2():
 
 
 def test_kv_weights_repeated_to_query_heads_only_where_tensor_cannot_split_them():
-    """On a 1x1x4 mesh of CPU devices, 4 query heads and 2 kv heads: the k and v weights
-    (and biases, LoRA B) come back with 4 heads, laid out one per tensor device, and the
-    projection through them equals the plain projection's heads repeated (query head h
-    reads kv head h // 2). Tensor 2, which splits the kv heads, and no mesh leave the
-    layer as it was."""
+    """On a 1x1x4 mesh of CPU devices, 2 kv heads: the k and v weights (and biases, LoRA
+    B) come back with 4 heads, one per tensor device (each kv head twice, for 4 or 8
+    query heads alike), and the projection through them equals the plain projection's
+    heads repeated. Tensor 2, which splits the kv heads, and no mesh leave the layer as
+    it was."""
     from kjax import sharding
 
     D, H, K, E, r = 8, 4, 2, 3, 2
@@ -213,6 +213,7 @@ def test_kv_weights_repeated_to_query_heads_only_where_tensor_cannot_split_them(
         mesh = sharding.make_mesh(1, 4 // tensor, tensor, devices=devices)
         with jax.set_mesh(mesh):
             assert attention.kv_repeat(H, K) == expect
+            assert attention.kv_repeat(2 * H, K) == expect  # one kv head per device
             out = jax.jit(lambda p: attention.kv_weights_per_query_head(p, H, K))(layer)
         if expect == 1:
             assert all(out[n].shape == layer[n].shape for n in layer)
