@@ -229,7 +229,7 @@ def test_kv_weights_repeated_to_query_heads_only_where_tensor_cannot_split_them(
         np.testing.assert_array_equal(out["v_lora_b"], np.repeat(layer["v_lora_b"], 2, axis=1))
 
 
-@SLOW  # two TPU compiles, ~30 s each on 2 cores
+@SLOW  # two TPU compiles: 17 s at load average 4 on 2 cores, 142 s at 20
 @pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
 def test_update_computes_one_kv_head_per_chip_where_tensor_exceeds_the_kv_heads(monkeypatch):
     """kjax's RL update with splash, 4 query heads and 2 kv heads, compiled for tensor 4
