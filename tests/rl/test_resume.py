@@ -41,7 +41,10 @@ LORA = ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,o,down"]
 @pytest.mark.parametrize(
     "extra",
     [
-        pytest.param([], id="sync"),
+        # ~45 s: the synchronous kill -9 resume is in the slow tier; the default tier's
+        # tests/test_checkpoint.py kills a synchronous run between steps and during a
+        # save and checks the bitwise resume, and lag2 below covers the pending rollouts.
+        pytest.param([], id="sync", marks=pytest.mark.slow),
         pytest.param(LAGGED, id="lag2"),
         # ~60 s on 2 cores, over the default tier's budget: LoRA's kill -9 resume is
         # in the slow tier (pytest -m slow).
