@@ -149,14 +149,10 @@ def test_a_kernel_refuses_what_it_does_not_implement():
         dataclasses.replace(CONFIG, attention="flash")
 
 
-@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
-def test_update_with_splash_compiles_for_v5e_2x2():
-    """kjax's RL update with attention=splash, compiled by the TPU compiler for fsdp 2 x
-    tensor 2: the forward kernel and both backward kernels are in the program, each on
-    its chip's rows and heads ([4 rows, 2 heads, 128, 16] of B=8, H=4; shard_map), and
-    AUTO picks splash there once rows reach KERNEL_MIN_LENGTH."""
+def _splash_update_inputs(fsdp: int, tensor: int):
+    """(model config, TrainConfig, mesh, abstract state, abstract batch) of a tiny RL update
+    with attention=splash (4 query heads, 2 kv heads) on a v5e:2x2 mesh 1 x fsdp x tensor."""
     from kjax import sharding
-    from kjax.rl.components import step_and_sampler
     from kjax.rl.config import ArithConfig, ModelConfig, TrainConfig
     from kjax.rl.optim import make_optimizer
 
@@ -168,13 +164,24 @@ def test_update_with_splash_compiles_for_v5e_2x2():
         model=ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
                           attention="splash"),
     )  # fmt: skip
-    mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
+    mesh = sharding.make_mesh(1, fsdp, tensor, devices=scale.topology_devices("v5e:2x2"))
     state = scale.abstract_state(
         scale.abstract_params(c, scale.param_dtype(cfg), mesh), make_optimizer(cfg.optimizer), mesh
     )
     shape = scale.Shape.of(cfg)
+    return c, cfg, mesh, state, scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
+
+
+@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
+def test_update_with_splash_compiles_for_v5e_2x2():
+    """kjax's RL update with attention=splash, compiled by the TPU compiler for fsdp 2 x
+    tensor 2: the forward kernel and both backward kernels are in the program, each on
+    its chip's rows and heads ([4 rows, 2 heads, 128, 16] of B=8, H=4; shard_map), and
+    AUTO picks splash there once rows reach KERNEL_MIN_LENGTH."""
+    from kjax.rl.components import step_and_sampler
+
+    c, cfg, mesh, state, batch = _splash_update_inputs(fsdp=2, tensor=2)
     step_fn, _ = step_and_sampler(cfg, c, mesh, state, type("Stops", (), {"stop_ids": (1,)}))
-    batch = scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
     hlo = step_fn.lower(state, batch, None, np.int32(cfg.objective.k)).compile().as_text()
     kernels = [line for line in hlo.splitlines() if '"tpu_custom_call"' in line]
     names = {name for line in kernels for name in ("mha_fwd", "mha_dq", "mha_dkv") if name in line}
@@ -239,25 +246,10 @@ def test_update_computes_one_kv_head_per_chip_where_tensor_exceeds_the_kv_heads(
     call (the layer as it was, patched back here) the partitioner computed the whole
     [D, K, E] = [64, 2, 16] weight gradient on every chip, and the program's FLOPs per
     chip were higher (8B MATH on v5e-256 at tensor 32: 1.66x the analytic count)."""
-    from kjax import hlo_stats, sharding
+    from kjax import hlo_stats
     from kjax.rl.components import step_and_sampler
-    from kjax.rl.config import ArithConfig, ModelConfig, TrainConfig
-    from kjax.rl.optim import make_optimizer
 
-    c = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=16, tie_embeddings=True,
-                    eos_ids=(1,))  # fmt: skip
-    cfg = TrainConfig(
-        batch_prompts=8, samples=4, max_new_tokens=4, task=ArithConfig(max_prompt_tokens=8),
-        model=ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128,
-                          attention="splash"),
-    )  # fmt: skip
-    mesh = sharding.make_mesh(1, 1, 4, devices=scale.topology_devices("v5e:2x2"))
-    state = scale.abstract_state(
-        scale.abstract_params(c, scale.param_dtype(cfg), mesh), make_optimizer(cfg.optimizer), mesh
-    )
-    shape = scale.Shape.of(cfg)
-    batch = scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
+    c, cfg, mesh, state, batch = _splash_update_inputs(fsdp=1, tensor=4)
 
     def compiled():
         step_fn, _ = step_and_sampler(cfg, c, mesh, state, type("Stops", (), {"stop_ids": (1,)}))
