@@ -189,3 +189,61 @@ def test_decode_step_moves_within_1_3x_of_its_floor_and_gathers_no_weights(monke
     text = _compiled_text(monkeypatch, "decode@16", scale.compile_decode, FLOOR_CFG,
                           FLOOR_CONFIG, mesh, train, shape, 16)  # fmt: skip
     assert _weight_gathers(text, params)
+
+
+def _saved_stacks(text: str, L: int, D: int) -> set[tuple[int, ...]]:
+    """Shapes [L, ..., D] of the compiled program's arrays: the layer scan's per-layer
+    saves of a [.., D] activation (its input, the residual after attention)."""
+    return {
+        tuple(d)
+        for instrs in hlo_stats.computations(text).values()
+        for i in instrs
+        for _, d in hlo_stats._arrays(i.type)
+        if len(d) == 4 and d[0] == L and d[-1] == D
+    }
+
+
+@pytest.mark.slow  # two TPU compiles, ~6-11 s on 2 cores
+def test_training_forward_saves_its_layer_inputs_split_over_tensor(monkeypatch):
+    """The update's forward and backward (completion log-probs through the chunked head)
+    on v5e:2x2 at fsdp 2 x tensor 2, one prompt group per chip: the layer scan keeps each
+    layer's input and its residual after attention split over tensor along the S + N*T
+    = 8 + 4*4 positions, [L, 1, 12, D] per chip, and no [L, 1, 24, D] stack.
+    With the residual stream only batch-constrained (as before the fix, patched back
+    here) the stack is whole on every tensor device: 70B CodeContests on v5p-128 kept
+    bf16[80,1,34304,8192], 41.9 GiB per chip, and did not fit."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kjax.rl import forward
+
+    c = dataclasses.replace(CONFIG, intermediate_size=192)  # gate, up [.., 96]: not D-wide
+    mesh = sharding.make_mesh(1, 2, 2, devices=scale.topology_devices("v5e:2x2"))
+    params = scale.abstract_params(c, jnp.float32, mesh)
+    B, S, N, T = 2, 8, 4, 4
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    prompts = jax.ShapeDtypeStruct((B, S), jnp.int32, sharding=rows)
+    pmask = jax.ShapeDtypeStruct((B, S), jnp.bool_, sharding=rows)
+    tokens = jax.ShapeDtypeStruct((B, N, T), jnp.int32, sharding=rows)
+
+    def loss(params, prompts, pmask, tokens):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            stats = forward.completion_logprobs(params, c, prompts, pmask, tokens)
+        return jnp.sum(stats.logprobs)
+
+    def stacks():
+        step = jax.jit(jax.grad(loss))
+        text = step.lower(params, prompts, pmask, tokens).compile().as_text()
+        return _saved_stacks(text, c.num_layers, c.hidden_size)
+
+    L, D = c.num_layers, c.hidden_size
+    split, whole = (L, 1, (S + N * T) // 2, D), (L, 1, S + N * T, D)
+    got = stacks()
+    assert split in got and whole not in got, got
+    monkeypatch.setattr(sharding, "constrain_residual", sharding.constrain_batch)
+    monkeypatch.setattr(sharding, "gather_sequence", lambda x: x)
+    monkeypatch.setattr(sharding, "scatter_sequence", lambda x: x)
+    jax.clear_caches()
+    before = stacks()
+    assert whole in before and split not in before, before

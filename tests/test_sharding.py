@@ -1,9 +1,11 @@
 """Sharded Llama on 8 fake CPU devices: same logits as one device, expected specs."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kjax import sharding
@@ -110,3 +112,41 @@ def test_cache_spec_shards_the_rows_over_tensor_when_it_cannot_split_the_kv_head
     mesh = sharding.make_mesh(*mesh_shape)
     K = CONFIG.num_kv_heads
     assert sharding.cache_spec((2, rows, 5, K, 4), mesh) == expected
+
+
+def test_residual_stream_splits_its_positions_over_tensor():
+    """constrain_residual lays a [B, L, D] stream out with B over data x fsdp and L over
+    tensor (D whole), or as constrain_batch where tensor does not divide L;
+    gather_sequence makes the rows whole again and scatter_sequence splits them (both
+    no-ops where L does not split), each the identity on values and gradients."""
+    mesh = sharding.make_mesh(1, 2, 4)
+    batch = ("data", "fsdp")
+
+    def layouts(x):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            r = sharding.constrain_residual(x)
+            return r, sharding.gather_sequence(r), sharding.scatter_sequence(2 * x)
+
+    def specs(L):
+        x = jnp.arange(2 * L * 8, dtype=jnp.float32).reshape(2, L, 8)
+        outs = jax.jit(layouts)(jax.device_put(x, NamedSharding(mesh, P())))
+        np.testing.assert_array_equal(outs[1], x)
+        np.testing.assert_array_equal(outs[2], 2 * x)
+        return [o.sharding for o in outs]
+
+    def same(got, *spec):
+        return got.is_equivalent_to(NamedSharding(mesh, P(*spec)), 3)
+
+    split, whole, scattered = specs(16)
+    assert same(split, batch, "tensor", None) and same(scattered, batch, "tensor", None)
+    assert same(whole, batch, None, None)
+    # 4 does not divide 6: constrain_batch's layout, gather and scatter leave x as it is.
+    split, whole, scattered = specs(6)
+    assert same(split, batch, None, None) and same(whole, batch, None, None)
+    assert same(scattered, None, None, None)
+    # The identity's gradient, through both custom-VJP relayouts.
+    x = jnp.ones((2, 16, 8))
+    loss = jax.grad(lambda x: jnp.sum(jnp.stack(layouts(x)) ** 2))
+    grad = jax.jit(loss)(jax.device_put(x, NamedSharding(mesh, P())))
+    np.testing.assert_array_equal(grad, 2 * x + 2 * x + 8 * x)
+    assert sharding.constrain_residual(x) is x  # no mesh: as is

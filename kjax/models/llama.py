@@ -209,13 +209,16 @@ def _project(x, layer: Params, name: str, n_in: int = 1):
     return y + _dense(down, layer[f"{name}_lora_b"])
 
 
-def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin):
+def layer_qkv(layer: Params, config: LlamaConfig, x, cos, sin, *, gather=None):
     """Pre-norm q [B,S,H,E], k [B,S,K,E], v [B,S,K,E] of x [B,S,D], RoPE on q and k.
 
     With qkv_bias the projections add their biases; with qk_norm each head of q and k is
-    RMS-normalized over E (its own weight [E]) before RoPE, as Qwen3 does.
+    RMS-normalized over E (its own weight [E]) before RoPE, as Qwen3 does. `gather`, when
+    given, is applied to the normed x before the projections (the sharded training
+    forward passes kjax.sharding.gather_sequence: a layout, not a value, change).
     """
     h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+    h = h if gather is None else gather(h)
 
     def project(name):
         y = _project(h, layer, name)
@@ -361,12 +364,20 @@ def merge_attention(parts):
     return sum(w[..., None].astype(o.dtype) * o for w, (o, _) in zip(weights, parts, strict=True))
 
 
-def layer_out(layer: Params, config: LlamaConfig, x, attn):
-    """Residual block tail: x + o(attn), then x + SwiGLU(norm(x)); x [B,S,D], attn [B,S,H,E]."""
-    x = _name(x + _project(attn, layer, "o", n_in=2), "x_mid")
+def _same(x):
+    return x
+
+
+def layer_out(layer: Params, config: LlamaConfig, x, attn, *, gather=None, scatter=None):
+    """Residual block tail: x + o(attn), then x + SwiGLU(norm(x)); x [B,S,D], attn [B,S,H,E].
+    `gather` as in layer_qkv, on the MLP's normed input; `scatter`, when given, is
+    applied to the o and down projections' outputs before they join x (a layout too)."""
+    scatter = _same if scatter is None else scatter
+    x = _name(x + scatter(_project(attn, layer, "o", n_in=2)), "x_mid")
     h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+    h = h if gather is None else gather(h)
     gate, up = _name(_project(h, layer, "gate"), "gate"), _name(_project(h, layer, "up"), "up")
-    return x + _project(jax.nn.silu(gate) * up, layer, "down")
+    return x + scatter(_project(jax.nn.silu(gate) * up, layer, "down"))
 
 
 def unembed(params: Params, config: LlamaConfig, x):

@@ -113,6 +113,9 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
     backend = attention.resolve(config, dtype, S + N * T)
 
     axes = _layer_axes(config)
+    # The residual stream's positions split over tensor between layers (its saved copy
+    # per layer is 1/tensor of [B, S + N*T, D]), gathered for the projections.
+    seq = dict(gather=sharding.gather_sequence, scatter=sharding.scatter_sequence)
 
     def block(x, inputs):
         layer, w = inputs
@@ -121,16 +124,17 @@ def shared_prompt_hidden(params, config: LlamaConfig, prompts, prompt_mask, toke
             layer = attention.kv_weights_per_query_head(
                 layer, config.num_heads, config.num_kv_heads
             )
-        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + N*T, ., E]
+        # [B, S + N*T, ., E]
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin, gather=seq["gather"])
         if backend is not AttentionBackend.JNP:  # one kernel call, the same mask
             out = attention.grouped_attention(backend, q, k, v, pmask, N, T)
-            return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
+            return sharding.constrain_residual(llama.layer_out(layer, config, x, out, **seq)), None
         masks = GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, t)
         out = prompt_then_blocks_attention(q, k, v, S, T, w, masks)
-        return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
+        return sharding.constrain_residual(llama.layer_out(layer, config, x, out, **seq)), None
 
     xs = (params["layers"], llama.layer_windows(config))
-    x0 = sharding.constrain_batch(llama.embed(params, ids, dtype))
+    x0 = sharding.constrain_residual(llama.embed(params, ids, dtype))
     x = llama.scan_layers(block, x0, xs, remat=remat)
     D = x.shape[-1]
     xp, xc = x[:, :S], x[:, S:].reshape(B, N, T, D)

@@ -173,16 +173,17 @@ def packed_hidden(params, config: LlamaConfig, prompts, prompt_mask, packed: Pac
     masks = forward.GroupMasks(p_self, p_pos, c_prompt, q_c, c_self, own)
 
     axes = forward._layer_axes(config)
+    seq = dict(gather=sharding.gather_sequence, scatter=sharding.scatter_sequence)  # as padded
 
     def block(x, inputs):
         layer, w = inputs
         layer = sharding.gather_over_fsdp(layer, axes)  # weights gathered, as the padded path
-        q, k, v = llama.layer_qkv(layer, config, x, cos, sin)  # [B, S + R*T, ., E]
+        q, k, v = llama.layer_qkv(layer, config, x, cos, sin, gather=seq["gather"])
         out = forward.prompt_then_blocks_attention(q, k, v, S, T, w, masks)
-        return sharding.constrain_batch(llama.layer_out(layer, config, x, out)), None
+        return sharding.constrain_residual(llama.layer_out(layer, config, x, out, **seq)), None
 
     xs = (params["layers"], llama.layer_windows(config))
-    x0 = sharding.constrain_batch(llama.embed(params, ids, dtype))
+    x0 = sharding.constrain_residual(llama.embed(params, ids, dtype))
     x = llama.scan_layers(block, x0, xs, remat=remat)
     D = x.shape[-1]
     xp, xc = x[:, :S], x[:, S:].reshape(B, R, T, D)

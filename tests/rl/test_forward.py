@@ -5,6 +5,7 @@ log-probs against the plain computation, and the sampler's raw-model log-probs."
 import dataclasses
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -279,3 +280,79 @@ def test_vocab_parallel_head_equals_one_device():
     np.testing.assert_allclose(b.entropy, a.entropy, atol=1e-5, rtol=0)
     for x, y in zip(jax.tree.leaves(gb), jax.tree.leaves(ga), strict=True):
         np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.max(jnp.abs(y))) + 1e-7)
+
+
+@pytest.mark.slow  # ~11 s on 2 cores (the mesh's forward and backward compile)
+def test_sequence_split_residual_stream_equals_one_device():
+    """The shared-prompt forward on a 1x2x4 mesh of the 8 CPU devices, where its residual
+    stream between layers is split over tensor 4 along the S + N*T = 8 + 2*4 positions
+    (sharding.constrain_residual, gather_sequence / scatter_sequence around each layer's
+    projections), against the same call without a mesh: log-probs and the gradients of
+    every parameter. A layout, so the values agree to float32 rounding."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kjax import sharding
+
+    config = dataclasses.replace(BASE, intermediate_size=64)
+    params = _params(config, seed=7)
+    prompts, pmask, tokens = _batch(config, B=2, S=8, N=2, T=4, seed=8)
+    mesh = sharding.make_mesh(1, 2, 4)
+
+    def loss(params):
+        lp = forward.completion_logprobs(params, config, prompts, pmask, tokens).logprobs
+        return jnp.sum(lp * jnp.cos(lp)), lp
+
+    grads = jax.grad(loss, has_aux=True)
+
+    def on_mesh(params):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            assert sharding._residual_axes((2, 16, 32), mesh, sharding.RULES) == (
+                ("data", "fsdp"),
+                ("tensor",),
+            )
+            return grads(params)
+
+    (ga, a), (gb, b) = (
+        jax.jit(grads)(params),
+        jax.jit(on_mesh)(jax.device_put(params, NamedSharding(mesh, P()))),
+    )
+    assert float(jnp.std(a)) > 0.3  # far from uniform: the test can fail
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+    for x, y in zip(jax.tree.leaves(gb), jax.tree.leaves(ga), strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5 * float(jnp.max(jnp.abs(y))) + 1e-7)
+
+
+def _constraints(jaxpr, shape):
+    """Specs of every sharding_constraint on an array of `shape` in a jaxpr, its scans,
+    checkpoints and custom rules included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "sharding_constraint" and eqn.outvars[0].aval.shape == shape:
+            found.append(eqn.params["sharding"].spec)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _constraints(sub, shape)
+    return found
+
+
+def test_the_update_splits_its_residual_stream_over_tensor():
+    """Traced for a 1x2x4 mesh (fsdp 2 x tensor 4), the shared-prompt forward's backward
+    and forward lay the [B, S + N*T, D] residual stream between layers out split over
+    tensor along its positions (sharding.constrain_residual): the layer scan then keeps
+    1/tensor of each layer's input per chip. Constrained only over the batch axes (as it
+    was), the 70B CodeContests update on v5p-128 kept bf16[80,1,34304,8192] per chip,
+    41.9 GiB, and did not fit. No compile: the traced program's constraints."""
+    from kjax import sharding
+
+    config = BASE
+    params = jax.eval_shape(lambda: _params(config, seed=0))
+    prompts, pmask, tokens = _batch(config, B=2, S=8, N=2, T=4, seed=0)
+    mesh = sharding.make_mesh(1, 2, 4)
+
+    def loss(params):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return jnp.sum(forward.completion_logprobs(params, config, prompts, pmask, tokens)[0])
+
+    specs = _constraints(jax.make_jaxpr(jax.grad(loss))(params).jaxpr, (2, 16, config.hidden_size))
+    split = jax.sharding.PartitionSpec(("data", "fsdp"), "tensor", None)
+    assert split in specs, specs
