@@ -28,13 +28,14 @@ group), real completion tokens per second of the whole step; per arm the medians
 step and its sample / score (verify + advantages) / update split, and the padded / packed
 ratio (the issue's goal for smollm2: >= 1.5x). With the machine: its float32 matmul peak
 (experiments.lab.provenance.matmul_peak), CPU model and load average.
---compact_floor 8 by default: on CPU a decode step of fewer rows than that mostly streams
-the weights (SmolLM2's 0.54 GB of float32 per step; the tiny model's step is mostly fixed
-per-step overhead), so halving below 8 rows saves little, while each further size adds one
-more copy of the decode loops to compile. 0: the packed
-arm packs the update only (the static sampler; what the default test tier runs, no compile).
---smoke (seconds; the default test tier runs it): tiny_countdown at 8 x 4 x 16, one
-warm-up and one timed step. A benchmark, not a test: on a shared CPU the figures are noisy.
+--compact_floor 8 by default, reasoned, not measured: on CPU a SmolLM2 decode step of
+fewer rows than that is mostly reading the weights (0.54 GB of float32 a step), so halving
+below 8 rows saves little, while each further size adds one more copy of the decode loops
+to compile. 0: the packed arm packs the update only and samples with the static sampler.
+--smoke (seconds; the default test tier runs it with --compact_floor 0, the slow tier as
+is): tiny_arith at 8 x 4 x 16, one warm-up and one timed step. smollm2 needs ~8.5 GB of RAM
+(two train states at a step). Figures: docs/performance.md. A benchmark, not a test: on a
+shared CPU the figures are noisy.
 """
 
 from __future__ import annotations
