@@ -140,8 +140,9 @@ def candidates(cfg: TrainConfig, c, chips: int,
     cache_spec, kjax.models.attention.kv_weights_per_query_head), ordered by an analytic
     guess of what compiles to the fastest fitting step (fewest microbatches, then tensor
     parallelism just enough): the compiler ranks them after.
-    With `hbm_bytes`, the meshes whose analytic memory bound (kjax.scale.memory_bound)
-    fits it come first, the rest after by that bound, smallest first."""
+    With `hbm_bytes`, the meshes whose analytic memory estimate (kjax.scale.memory_bound:
+    the update's state, saved residuals and workspace, and the sampler in the layout AUTO
+    picks) fits it come first, the rest after by that estimate, smallest first."""
     from kjax.scale import Shape, memory_bound, param_dtype
 
     B, mini, out = cfg.batch_prompts, cfg.rl.minibatches, []
@@ -162,7 +163,12 @@ def candidates(cfg: TrainConfig, c, chips: int,
     import jax.numpy as jnp
 
     shape, itemsize = Shape.of(cfg), jnp.dtype(param_dtype(cfg)).itemsize
-    bound = {m: memory_bound(c, shape, m[0], m[1], mini, itemsize) for m in out}
+    act = jnp.dtype(cfg.model.compute_dtype).itemsize
+    bound = {
+        m: memory_bound(c, shape, m[0], m[1], mini, itemsize, act_itemsize=act,
+                        hbm_bytes=hbm_bytes)
+        for m in out
+    }  # fmt: skip
     return sorted(out, key=lambda m: (bound[m] > hbm_bytes, bound[m] if bound[m] > hbm_bytes else 0,
                                       *speed(m)))  # fmt: skip
 
