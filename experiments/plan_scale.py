@@ -165,12 +165,8 @@ def candidates(cfg: TrainConfig, c, chips: int,
     import jax.numpy as jnp
 
     shape, itemsize = Shape.of(cfg), jnp.dtype(param_dtype(cfg)).itemsize
-    act = jnp.dtype(cfg.model.compute_dtype).itemsize
-    bound = {
-        m: memory_bound(c, shape, m[0], m[1], mini, itemsize, act_itemsize=act,
-                        hbm_bytes=hbm_bytes)
-        for m in out
-    }  # fmt: skip
+    kw = dict(act_itemsize=jnp.dtype(cfg.model.compute_dtype).itemsize, hbm_bytes=hbm_bytes)
+    bound = {m: memory_bound(c, shape, *m, mini, itemsize, **kw) for m in out}
     return sorted(out, key=lambda m: (bound[m] > hbm_bytes, bound[m] if bound[m] > hbm_bytes else 0,
                                       *speed(m)))  # fmt: skip
 
@@ -539,13 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         chips = scale.topology_chips(topology)
         micro = args.microbatches or cfg.rl.microbatches
         first = (cfg.mesh.resolve(chips) if mesh is None else mesh), micro
-        _, layout = slices.for_slice(cfg, args.config, topology.partition(":")[0], chips, argv)
+        layout = slices.for_slice(cfg, args.config, topology.partition(":")[0], chips, argv)[1]
         if layout is not None:  # the preset's layout for this slice (experiments/slices.py)
             first = layout[0].resolve(chips), layout[1]
-            sizes = "x".join(map(str, first[0]))
-            log(
-                f"{topology}: the preset's layout for it, mesh {sizes} x {first[1]} (SLICE_LAYOUTS)"
-            )
+            log(f"{topology}: the preset's layout for it (SLICE_LAYOUTS): {first}")
         ordered = candidates(cfg, c, chips, scale.chip_of(topology).hbm_bytes)
         tried = [first] + [m for m in ordered if m != first][: args.search]
         found = []
