@@ -6,7 +6,8 @@ estimates to the committed compiled summaries (experiments/results/plan_scale/*.
 The update's peak falls in the backward of the layer scan, while every layer's saved
 residuals are alive (kjax.models.llama.SAVED_RESIDUALS; read off the buffer assignment
 of the compiled 8B MATH update, 4 layers, v5e:2x4, mesh 1x1x8):
-  state: STATE_COPIES copies of the params per chip (below);
+  state: STATE_COPIES copies of the params per chip, FSDP_COPIES more where fsdp > 1
+    (below);
   residuals: per layer and token of one microbatch, the layer input and the residual
     after attention (x_mid), each D wide and not split over tensor (the activations
     keep D whole), plus q, k, v, the attention output and the MLP's gate and up, split
@@ -32,13 +33,16 @@ from kjax.scale.costs import Shape, matmul_params, param_count
 # cotangent, the projections' outputs and input cotangents): 12 in the buffer
 # assignment of the compiled 8B MATH update (v5e:2x4, 1x1x8, 16,896 tokens).
 WORKSPACE_ROWS = 12
-# Copies of the params per chip the update holds: 3 are its arguments (params and
-# Adam's two moments, kjax.rl.train_step), 2 the gradients (the microbatch
-# accumulator and one microbatch's); the rest (the optimizer's new params and moments
-# in flight beside the epochs x minibatches scan's carry) are not itemised. The
-# committed summaries imply 6.9 to 10.2 copies (peak - residuals - workspace, over
-# params per chip); 8 is calibrated from them, and tests/test_scale_memory.py checks it.
-STATE_COPIES = 8
+# Copies of the params per chip the update holds: its arguments (params and Adam's two
+# moments, kjax.rl.train_step) and the gradients (the microbatch accumulator and one
+# microbatch's). Where fsdp > 1 the compiled updates hold about FSDP_COPIES more, not
+# itemised: the committed summaries (all at fsdp 8 to 32) imply 6.9 to 10.2 copies in all
+# (peak - residuals - workspace, over params per chip; median 8), and the fsdp-1 compiles
+# 4.9 to 5.3 (the H100 tensor-8 summary; the 8B at 2 and 4 layers on v5e:2x4, 1x1x8,
+# compiled for this estimate and not committed). FSDP_COPIES = 3 is calibrated from them,
+# and tests/test_scale_memory.py checks it against the summaries.
+STATE_COPIES = 5
+FSDP_COPIES = 3
 _HEAD_CHUNK_ROWS = 4096  # kjax.rl.forward's row chunk (_MAX_CHUNK_ROWS)
 _HEAD_CHUNK_LOGITS = 1 << 23  # and its float32 logits per chunk (_CHUNK_ELEMENTS)
 AUTO_SHARE = 0.8  # kjax.sampler_layout._AUTO_SHARE
@@ -103,7 +107,8 @@ def update_memory(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, m
         + 2 * vocab * D * itemsize  # the head's block gathered over fsdp, its gradient
         + 2 * chunk * min(vocab, max(128, _HEAD_CHUNK_LOGITS // chunk)) * 4  # logits, their grad
     )
-    state = STATE_COPIES * param_count(c) * itemsize / (fsdp * tensor)
+    copies = STATE_COPIES + (FSDP_COPIES if fsdp > 1 else 0)
+    state = copies * param_count(c) * itemsize / (fsdp * tensor)
     return UpdateMemory(state, L * tokens * saved, layer, head)
 
 
