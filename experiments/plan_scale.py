@@ -14,7 +14,8 @@ cache and the peak against HBM, the FLOPs of an update and a decode step against
 analytic count, the collectives, and a roofline projection of the RL step.
 --model: llama-3.1-8b, llama-3.1-70b (their config.json, below), or an HF directory /
 config.json (no weights read); default: config.model.path's, or the TINY model.
---mesh: data,fsdp,tensor (default: the preset's config.mesh); --search=N compiles up to N
+--mesh: data,fsdp,tensor (default: the preset's layout for the slice, SLICE_LAYOUTS in
+experiments/slices.py, else its config.mesh); --search=N compiles up to N
 more meshes (data x fsdp x tensor, microbatches), those whose analytic memory bound fits
 the chip first, and ranks all by projected step time. --lengths=mean=0.4[,tail=0.05]
 (or a histogram, or a run's metrics.jsonl: kjax.scale.lengths.parse) also compiles, per
@@ -35,6 +36,7 @@ import pathlib
 import sys
 import time
 
+from experiments import slices
 from experiments.train import load_config
 from kjax.rl.config import ModelKind, TrainConfig, override
 
@@ -140,8 +142,9 @@ def candidates(cfg: TrainConfig, c, chips: int,
     cache_spec, kjax.models.attention.kv_weights_per_query_head), ordered by an analytic
     guess of what compiles to the fastest fitting step (fewest microbatches, then tensor
     parallelism just enough): the compiler ranks them after.
-    With `hbm_bytes`, the meshes whose analytic memory bound (kjax.scale.memory_bound)
-    fits it come first, the rest after by that bound, smallest first."""
+    With `hbm_bytes`, the meshes whose analytic memory estimate (kjax.scale.memory_bound:
+    the update's state, saved residuals and workspace, and the sampler in the layout AUTO
+    picks) fits it come first, the rest after by that estimate, smallest first."""
     from kjax.scale import Shape, memory_bound, param_dtype
 
     B, mini, out = cfg.batch_prompts, cfg.rl.minibatches, []
@@ -162,7 +165,8 @@ def candidates(cfg: TrainConfig, c, chips: int,
     import jax.numpy as jnp
 
     shape, itemsize = Shape.of(cfg), jnp.dtype(param_dtype(cfg)).itemsize
-    bound = {m: memory_bound(c, shape, m[0], m[1], mini, itemsize) for m in out}
+    kw = dict(act_itemsize=jnp.dtype(cfg.model.compute_dtype).itemsize, hbm_bytes=hbm_bytes)
+    bound = {m: memory_bound(c, shape, *m, mini, itemsize, **kw) for m in out}
     return sorted(out, key=lambda m: (bound[m] > hbm_bytes, bound[m] if bound[m] > hbm_bytes else 0,
                                       *speed(m)))  # fmt: skip
 
@@ -494,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[plan_scale {time.perf_counter() - start:6.0f} s] {msg}", flush=True)
 
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args, cfg = parse(sys.argv[1:] if argv is None else argv)
+        args, cfg = parse(argv)
         import jax.numpy as jnp
 
         from kjax import scale
@@ -530,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         chips = scale.topology_chips(topology)
         micro = args.microbatches or cfg.rl.microbatches
         first = (cfg.mesh.resolve(chips) if mesh is None else mesh), micro
+        layout = slices.for_slice(cfg, args.config, topology.partition(":")[0], chips, argv)[1]
+        if layout is not None:  # the preset's layout for this slice (experiments/slices.py)
+            first = layout[0].resolve(chips), layout[1]
+            log(f"{topology}: the preset's layout for it (SLICE_LAYOUTS): {first}")
         ordered = candidates(cfg, c, chips, scale.chip_of(topology).hbm_bytes)
         tried = [first] + [m for m in ordered if m != first][: args.search]
         found = []

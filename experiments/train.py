@@ -72,11 +72,13 @@ def os_error(e: OSError, workdir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg, workdir = parse(sys.argv[1:] if argv is None else argv)
+        cfg, workdir = parse(argv)
         from kjax.rl import multihost
 
         multihost.maybe_initialize_distributed()
+        cfg = _slice_layout(cfg, argv, multihost.device_count())
         cfg.validate(multihost.device_count())
     except ValueError as e:
         print(f"experiments.train: error: {e}", file=sys.stderr)
@@ -98,6 +100,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.excepthook = hook
         for target in targets:
             target.removeFilter(quiet)
+
+
+def _slice_layout(cfg: TrainConfig, argv: list[str], devices: int) -> TrainConfig:
+    """cfg with its preset's layout for these devices (experiments/slices.py:
+    SLICE_LAYOUTS, by chip kind and count) unless the command line sets a mesh or
+    microbatches; said on stdout when it applies."""
+    import jax
+
+    from experiments import slices
+
+    spec = argparse.ArgumentParser(add_help=False)
+    spec.add_argument("--config")
+    kind = slices.chip_kind(jax.devices()[0].device_kind)
+    cfg, layout = slices.for_slice(cfg, spec.parse_known_args(argv)[0].config, kind, devices, argv)
+    if layout is not None:
+        m, micro = layout
+        sizes = f"data={m.data} fsdp={m.fsdp} tensor={m.tensor}"
+        print(f"experiments.train: the preset's layout for {devices} x {kind}: {sizes} x {micro}")
+    return cfg
 
 
 def _train(cfg, workdir: str) -> int:

@@ -71,6 +71,7 @@ import numpy as np
 
 from kjax import sampling
 from kjax.models.config import LlamaConfig
+from kjax.sampler_weights import SamplerWeights
 from kjax.sampling import PromptCache, Rollouts
 
 
@@ -419,8 +420,8 @@ def sample_pruned(params, prompts, prompt_mask, key, temperature=1.0, *, config:
                   n: int, max_new_tokens: int, stop_ids: tuple[int, ...] = (),
                   schedule: tuple[tuple[int, int], ...] = (),
                   scorer: Scorer | HostScorer = Scorer.MEAN_LOGPROB, top_k: int = 0,
-                  top_p: float = 1.0, greedy: bool = False,
-                  dtype=jnp.float32) -> PrunedRollouts:  # fmt: skip
+                  top_p: float = 1.0, greedy: bool = False, dtype=jnp.float32,
+                  weights: SamplerWeights = SamplerWeights.AUTO) -> PrunedRollouts:  # fmt: skip
     """Best-of-N decoding with early pruning of partial candidates (host function; each
     stage is a jitted call).
 
@@ -436,6 +437,8 @@ def sample_pruned(params, prompts, prompt_mask, key, temperature=1.0, *, config:
         best `keep` candidates of each prompt. () decodes all n to the end.
       scorer: a Scorer, or a host callable (partial Rollouts [B,m,T], original candidate
         indices [B,m] numpy, decision step) -> [B,m] scores, higher better.
+      weights: the layout every stage reads the weights in, placed once before the first
+        (as in kjax.sampling.sample; AUTO keeps a CPU's params as they are).
     Returns:
       PrunedRollouts: survivors' Rollouts [B,keep,T], their original indices [B,keep],
       decoded tokens [B] and model FLOPs [B] per prompt.
@@ -451,6 +454,7 @@ def sample_pruned(params, prompts, prompt_mask, key, temperature=1.0, *, config:
     options = dict(config=config, n=n, max_new_tokens=T, top_k=int(top_k), top_p=float(top_p),
                    stop_ids=tuple(int(i) for i in stop_ids), greedy=bool(greedy),
                    dtype=dtype, st_bon=scorer is Scorer.ST_BON)  # fmt: skip
+    params = sampling.rollout_params(params, config, weights, np.shape(prompts), n, T, dtype)
     prompts = jnp.asarray(prompts, jnp.int32)
     prompt_mask = jnp.asarray(prompt_mask, bool)
     temperature = jnp.asarray(temperature, jnp.float32)

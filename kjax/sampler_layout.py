@@ -105,3 +105,50 @@ def resolve_weights(weights: SamplerWeights, params, config: LlamaConfig, mesh, 
     held = weight_bytes(params, config, mesh, SamplerWeights.TENSOR)
     fits = held + cache_bytes + resident_bytes <= _AUTO_SHARE * hbm_bytes
     return SamplerWeights.TENSOR if fits else SamplerWeights.TRAIN
+
+
+def params_mesh(params):
+    """The Mesh of params laid out over more than one device (their first NamedSharding
+    leaf's), or None (one device, or arrays without a NamedSharding)."""
+    for x in jax.tree.leaves(params):
+        sh = getattr(x, "sharding", None)
+        if isinstance(sh, NamedSharding) and sh.mesh.size > 1:
+            return sh.mesh
+    return None
+
+
+def for_rollout(params, config: LlamaConfig, weights: SamplerWeights, cache_shapes,
+                itemsize: int):  # fmt: skip
+    """params placed, outside any jit, in the rollout's layout `weights` on their own mesh
+    (the public samplers: kjax.sampling.sample, kjax.pruned_sampling.sample_pruned; the
+    trainer's reshards inside its jitted sampler, sampler_params). AUTO is resolved by
+    resolve_weights from the first device's memory limit, the K/V caches `cache_shapes`
+    ([L, rows, length, K, E] each, keys and values, itemsize bytes) and the params
+    themselves, which stay allocated beside the copy. TENSOR puts each weight on tensor
+    only (one all-gather over fsdp, here); TRAIN, params without a mesh, and AUTO on
+    CPUs (no memory figure) leave params as they are."""
+    mesh = params_mesh(params)
+    if mesh is None or weights is SamplerWeights.TRAIN:
+        return params
+    if weights is SamplerWeights.AUTO:
+        try:
+            stats = mesh.devices.flat[0].memory_stats() or {}
+        except Exception:  # a backend without memory statistics  # noqa: BLE001
+            stats = {}
+        cache = sum(
+            2 * per_chip_bytes(s, sharding.cache_spec(s, mesh), mesh, itemsize)
+            for s in cache_shapes
+        )
+        held = weight_bytes(params, config, mesh, SamplerWeights.TRAIN)
+        hbm = stats.get("bytes_limit")
+        weights = resolve_weights(weights, params, config, mesh, cache_bytes=cache,
+                                  resident_bytes=held, hbm_bytes=hbm)  # fmt: skip
+    if weights is not SamplerWeights.TENSOR:
+        return params
+    spec = _specs(config, mesh, weights)
+
+    def one(path, x):
+        s = spec(path, x)
+        return x if s is None else jax.device_put(x, NamedSharding(mesh, s))
+
+    return jax.tree_util.tree_map_with_path(one, params)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kjax import sharding
+from kjax import sampler_layout, sharding
 from kjax.models import attention, llama
 from kjax.models.config import AttentionBackend, LlamaConfig
 from kjax.sampler_layout import sampler_params
@@ -473,7 +473,8 @@ def _record_rows(out: Rollouts, step, done, rows, token, logprob, model_logprob,
 
 def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tokens: int,
            temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           stop_ids: tuple[int, ...] = (), compact_floor: int = 0) -> Rollouts:  # fmt: skip
+           stop_ids: tuple[int, ...] = (), compact_floor: int = 0,
+           weights: SamplerWeights = SamplerWeights.AUTO) -> Rollouts:  # fmt: skip
     """Draws n completions of each prompt, on device.
 
     Args:
@@ -487,6 +488,10 @@ def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tok
       compact_floor: 0 runs every sample's row to the end of the decode; f >= 1 moves
         the live samples into batches of half the rows as others stop, down to f rows
         (`sample_params`): the same rollouts, less compute on stopped samples.
+      weights: the layout the rollout reads the weights in (kjax.sampler_weights; AUTO:
+        TENSOR where the params are sharded over fsdp and it fits the device's memory,
+        else as they are; on CPUs as they are), placed once before the rollout
+        (kjax.sampler_layout.for_rollout): the same rollouts either way.
     Returns:
       Rollouts with [B,N,T] arrays and lengths [B,N].
     """
@@ -497,13 +502,33 @@ def sample(model: llama.Llama, prompts, prompt_mask, *, key, n: int, max_new_tok
               stop_ids)  # fmt: skip
     if not isinstance(compact_floor, int | np.integer) or compact_floor < 0:
         raise ValueError(f"compact_floor must be an int >= 0 (0: off), got {compact_floor!r}")
+    params = rollout_params(model.params(), config, weights, np.shape(prompts), n,
+                            max_new_tokens, model.dtype)  # fmt: skip
     return sample_params(
-        model.params(), jnp.asarray(prompts, jnp.int32), prompt_mask, key,
+        params, jnp.asarray(prompts, jnp.int32), prompt_mask, key,
         jnp.asarray(1.0 if greedy else temperature, jnp.float32), config=config, n=n,
         max_new_tokens=max_new_tokens, top_k=top_k, top_p=float(top_p),
         stop_ids=tuple(int(i) for i in stop_ids), greedy=greedy, dtype=model.dtype,
         compact_floor=compact_floor,
     )  # fmt: skip
+
+
+def rollout_params(params, config: LlamaConfig, weights: SamplerWeights, prompt_shape, n: int,
+                   max_new_tokens: int, dtype):  # fmt: skip
+    """params in the rollout's layout on their own mesh (kjax.sampler_layout.for_rollout)
+    for B x S prompts (prompt_shape), n samples of max_new_tokens each: the K/V caches of
+    such a rollout are what AUTO weighs against the device's memory."""
+    if not isinstance(weights, SamplerWeights):
+        names = ", ".join(f"SamplerWeights.{w.name}" for w in SamplerWeights)
+        raise ValueError(f"weights must be one of {names}; got {weights!r}")
+    mesh = sampler_layout.params_mesh(params)
+    if mesh is None:
+        return params
+    B, S = prompt_shape
+    L, K, E = config.num_layers, config.num_kv_heads, config.head_dim
+    slots = own_slots(max_new_tokens, mesh.devices.flat[0].platform == "tpu")
+    shapes = ((L, B, S, K, E), (L, B * n, slots, K, E))
+    return sampler_layout.for_rollout(params, config, weights, shapes, jnp.dtype(dtype).itemsize)
 
 
 def _validate(config: LlamaConfig, prompts, prompt_mask, n, max_new_tokens, temperature,

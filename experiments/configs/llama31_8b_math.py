@@ -5,7 +5,8 @@
 Llama-3.1-8B-Instruct on MATH with the pass@k objective (k=8, N=16), PPO with 2 epochs
 x 2 minibatches (updates after the first re-weight the max@k advantages off-policy,
 exactly, inside the clipped surrogate). Hardware: one host with 8 GPUs (H100/H200
-80+ GB) or a TPU v5p-16 slice; mesh fsdp=8 (x tensor=-1 for the rest), bfloat16. Not run
+80+ GB) or a TPU v5p-16 slice; mesh fsdp=8 (x tensor=-1 for the rest), bfloat16; on a
+v5e-256 slice fsdp 32 x tensor 8 with 2 microbatches (SLICE_LAYOUTS, below). Not run
 here (parse-tested only), so no expected numbers are claimed; compare the `mean` preset's
 held-out pass@1 / pass@8 curves (pass_at_k_vs_step.png) with this one's.
 
@@ -97,6 +98,14 @@ NEMO_RL = dataclasses.replace(
     rl=StepConfig(loss=PolicyLoss.PPO, epochs=1, minibatches=4, microbatches=8),
     mesh=MeshConfig(data=-1, fsdp=1, tensor=8),
 )
+
+# The mesh and microbatches per slice (chip kind, chips) where config.mesh's rule is not
+# the fastest compiled (experiments/slices.py; plan_scale and the trainer use them when
+# no mesh is given). v5e-256: 1x32x8 x 2 met the 35% update MFU goal (36.9% with no
+# overlap, RL step 8.1 s), where the rule's 1x8x32 x 8 is ICI-bound on tensor 32 (29.0%
+# overlapped, 14.1% with no overlap; docs/scale.md, compiled, not run).
+_V5E_256 = (MeshConfig(data=1, fsdp=32, tensor=8), 2)
+SLICE_LAYOUTS = {"passk": {("v5e", 256): _V5E_256}, "mean": {("v5e", 256): _V5E_256}}
 
 PRESETS = {
     "passk": BASE,

@@ -151,7 +151,7 @@ def _on_lora_base(cfg, ident: dict, run_dir: pathlib.Path, adapters, base_id, in
                 )
             base = ckpt.restore({"params": base})[0]["params"]
     frozen = lora.split(lora.attach(base, cfg.model.lora, jax.random.key(0)))[1]
-    if lora.fingerprint(frozen) != base_id:
+    if not lora.same_base(base_id, frozen, lora.fingerprint(frozen)):
         raise ValueError(
             f"{run_dir}'s LoRA adapters were trained on the base with fingerprint {base_id}, "
             f"but the base rebuilt from its config has {lora.fingerprint(frozen)}: the model "

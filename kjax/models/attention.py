@@ -163,7 +163,12 @@ def _mask_class():
 
 @functools.lru_cache(maxsize=16)
 def _kernel(length: int, prompt: int, block: int, heads: int, interpret: bool):
-    """A splash kernel for [heads, length, E] rows (block-sparse mask info built once)."""
+    """A splash kernel for [heads, length, E] rows (block-sparse mask info built once).
+
+    Built eagerly (jax.ensure_compile_time_eval) even when first asked for inside a trace:
+    the kernel holds its mask info as arrays, and arrays made inside one trace are that
+    trace's tracers, which this cache would hand to every later trace (an
+    UnexpectedTracerError in the next jit of the same shapes)."""
     splash = _splash()
     b = min(BLOCK, length)
     sizes = splash.BlockSizes(
@@ -172,10 +177,11 @@ def _kernel(length: int, prompt: int, block: int, heads: int, interpret: bool):
         block_q_dq=b, block_kv_dq=b,
     )  # fmt: skip
     mask = splash.MultiHeadMask([shared_prompt_mask(length, prompt, block)] * heads)
-    return splash.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-        residual_checkpoint_name="attn_out", interpret=interpret,
-    )  # fmt: skip
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(
+            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+            residual_checkpoint_name="attn_out", interpret=interpret,
+        )  # fmt: skip
 
 
 def _splash_attention(q, k, v, prompt_mask, n, t, *, interpret: bool):

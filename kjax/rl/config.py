@@ -1,6 +1,8 @@
 """Typed, frozen configuration of an RL run, and `--config.a.b=value` overrides.
 
-A leaf module: it imports option vocabularies only (the estimator enums of
+A leaf module (the model/mesh, SFT/eval and step/objective groups live in their own
+leaf modules beside it, and the text and JSON forms in kjax/rl/config_text.py; this module
+re-exports them all): it imports option vocabularies only (the estimator enums of
 kjax.objectives, CheckpointConfig, the task configs of kjax.tasks, whose modules import
 their implementations lazily), never the kjax.rl code it configures. Every option has one
 default here; each group validates its own fields on construction and
@@ -10,19 +12,16 @@ replace a few fields.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import enum
-import math
 
-from kjax import tasks
 from kjax._fields import check_int, coerce_enum, coerce_enums, is_real, need
 from kjax.attention_backend import AttentionBackend
 from kjax.checkpoint import CheckpointConfig
 from kjax.data.synthetic import Operator
 from kjax.lora_config import LoraConfig
-from kjax.lora_config import coerce as coerce_lora
 from kjax.objectives.advantages import MaxAtKEstimator, MeanBaseline
+from kjax.rl.config_text import override, to_json
+from kjax.rl.model_config import DType, MeshConfig, ModelConfig, ModelKind
 from kjax.rl.objective_config import (
     IDENTITY_IF_SET,
     OFFPOLICY_ESTIMATORS,
@@ -35,6 +34,7 @@ from kjax.rl.objective_config import (
     lag_exact_problem,
     offpolicy_estimator_names,
 )
+from kjax.rl.sft_config import EvalConfig, EvalSplit, SFTConfig, SFTLoss
 from kjax.rl.step_config import (
     KLEstimator,
     LagCorrection,
@@ -48,7 +48,6 @@ from kjax.rl.step_config import (
 )
 from kjax.sampler_weights import SamplerWeights
 from kjax.tasks.arith import Config as ArithConfig
-from kjax.tasks.arith import operators as _operators
 from kjax.tasks.base import TaskConfig
 from kjax.tasks.code import Config as CodeConfig
 from kjax.tasks.countdown import Config as CountdownConfig
@@ -97,203 +96,6 @@ __all__ = [
     "override",
     "to_json",
 ]
-
-
-# -------------------------------------------------------------------------------- model
-
-
-class ModelKind(enum.Enum):
-    TINY = "tiny"  # a random-init Llama of the sizes below, character tokenizer
-    PRETRAINED = "pretrained"  # kjax.models.pretrained(name), its tokenizer + chat template
-    HF_DIR = "hf_dir"  # a local HF directory (safetensors): Llama, Qwen2/2.5, Qwen3, Mistral
-
-
-class DType(enum.Enum):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    kind: ModelKind = ModelKind.TINY
-    name: str = "smollm2-135m-instruct"  # PRETRAINED
-    path: str = ""  # HF_DIR
-    hidden_size: int = 64  # TINY sizes
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 192
-    dtype: DType = DType.FLOAT32  # compute dtype (sampler, train step, SFT)
-    # The attention backend of the update and the sampler's prefill (kjax/models/
-    # attention.py): AUTO is a kernel on TPU/GPU and the jnp reference on CPU.
-    attention: AttentionBackend = dataclasses.field(
-        default=AttentionBackend.AUTO, metadata=IDENTITY_IF_SET
-    )
-    # Low-rank adapters on the RL update (rank 0: full fine-tuning); kjax.models.lora.
-    lora: LoraConfig = dataclasses.field(default=LoraConfig(), metadata=IDENTITY_IF_SET)
-
-    def __post_init__(self):
-        coerce_enums(self, "model.")
-        object.__setattr__(self, "lora", coerce_lora(self.lora))
-        for field in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-        ):
-            check_int(getattr(self, field), f"config.model.{field}", 1)
-        need(
-            self.hidden_size % self.num_heads == 0,
-            "model.hidden_size",
-            f"must be a multiple of model.num_heads={self.num_heads}",
-            self.hidden_size,
-        )
-        need(
-            self.num_heads % self.num_kv_heads == 0,
-            "model.num_kv_heads",
-            f"must divide model.num_heads={self.num_heads}",
-            self.num_kv_heads,
-        )
-
-    @property
-    def compute_dtype(self):
-        """The one dtype resolution (a jnp dtype) used by the model, sampler and updates."""
-        import jax.numpy as jnp
-
-        return jnp.dtype(self.dtype.value)
-
-
-# --------------------------------------------------------------------------- task, SFT
-
-
-class EvalSplit(enum.Enum):
-    """Which problems `eval` scores: the held-out TEST split (what tables report), or the
-    VALIDATION split (task.validation_size problems held out of training, disjoint from
-    TEST: what a tuning protocol selects on, so no choice is made on the reported problems)."""
-
-    TEST = "test"
-    VALIDATION = "validation"
-
-
-class SFTLoss(enum.Enum):
-    CE = "ce"  # token-mean cross-entropy
-    DCO = "dco"  # Chen, Raventos et al. 2025's (DCO) confidence-limiting loss at N = sft.dco_n
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTConfig:
-    """Warm start before RL; cached in `cache_dir` (default <workdir>/sft) by identity."""
-
-    steps: int = 0
-    batch_size: int = 64
-    learning_rate: float = 3e-3
-    loss: SFTLoss = SFTLoss.CE
-    dco_n: int = 16
-    cache_dir: str = ""
-    # The warm start's seed (init, SFT data order). None: the run's seed. A fixed value
-    # gives every run seed the same warm start, so seeds vary only the RL: what a paper
-    # that fine-tunes one base model varies, and a far smaller paired variance.
-    seed: int | None = None
-
-    def __post_init__(self):
-        coerce_enums(self, "sft.")
-        check_int(self.steps, "config.sft.steps", 0)
-        if self.seed is not None:
-            check_int(self.seed, "config.sft.seed", 0)
-        check_int(self.batch_size, "config.sft.batch_size", 1)
-        check_int(self.dco_n, "config.sft.dco_n", 1)
-        need(
-            is_real(self.learning_rate) and self.learning_rate > 0,
-            "sft.learning_rate",
-            "must be > 0",
-            self.learning_rate,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    every: int = 20  # RL steps between evaluations (and at start and end)
-    n_eval: int = 16  # samples per held-out problem; k in {1, 2, 4, ..., n_eval}
-    problems: int = 64
-    temperature: float = 1.0
-    split: EvalSplit = EvalSplit.TEST  # VALIDATION needs task.validation_size > 0
-
-    def __post_init__(self):
-        coerce_enums(self, "eval.")
-        n = self.n_eval
-        need(
-            isinstance(n, int) and n >= 1 and n & (n - 1) == 0,
-            "eval.n_eval",
-            "must be a power of 2",
-            n,
-        )
-        check_int(self.every, "config.eval.every", 1)
-        check_int(self.problems, "config.eval.problems", 1)
-        need(
-            is_real(self.temperature) and self.temperature > 0,
-            "eval.temperature",
-            "must be > 0",
-            self.temperature,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Mesh axis sizes of the training mesh; one may be -1 (the remaining devices).
-
-    sampler_devices: 0 (the sampler runs on the training mesh), or the number of devices
-      (the first ones) of a separate sampling group, data-parallel, which samples step
-      t + rl.policy_lag's rollouts while the other devices run step t's update; the
-      training mesh is then made of the remaining devices.
-    """
-
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    sampler_devices: int = 0
-
-    def __post_init__(self):
-        sizes = [self.data, self.fsdp, self.tensor]
-        need(
-            all(isinstance(s, int) and (s >= 1 or s == -1) for s in sizes) and sizes.count(-1) <= 1,
-            "mesh",
-            "sizes must be >= 1 with at most one -1",
-            sizes,
-        )
-        check_int(self.sampler_devices, "config.mesh.sampler_devices", 0)
-
-    def training_devices(self, devices: int) -> int:
-        """Devices of the training mesh out of `devices` in all."""
-        need(
-            self.sampler_devices < devices,
-            "mesh.sampler_devices",
-            f"must leave devices to train on (there are {devices}); lower it, or set 0 to "
-            "sample on the training mesh",
-            self.sampler_devices,
-        )
-        return devices - self.sampler_devices
-
-    def resolve(self, devices: int) -> tuple[int, int, int]:
-        """(data, fsdp, tensor) with -1 filled in for `devices` (the training mesh's, after
-        training_devices); the one mesh resolution."""
-        sizes = [self.data, self.fsdp, self.tensor]
-        known = math.prod(s for s in sizes if s != -1)
-        need(devices % known == 0, "mesh", f"does not divide the {devices} devices", sizes)
-        if -1 in sizes:
-            sizes[sizes.index(-1)] = devices // known
-        need(
-            math.prod(sizes) == devices,
-            "mesh",
-            f"must use all {devices} devices (or set one size to -1)",
-            sizes,
-        )
-        return tuple(sizes)
-
-    def batch_devices(self, devices: int) -> int:
-        """Devices B is sharded over (data x fsdp)."""
-        data, fsdp, _ = self.resolve(devices)
-        return data * fsdp
 
 
 # -------------------------------------------------------------------------------- a run
@@ -525,92 +327,3 @@ class TrainConfig:
             self.optimizer.total_steps,
         )
         return self
-
-
-# ---------------------------------------------------------------------- command line, JSON
-
-
-def override(cfg, items: dict[str, str], _prefix: str = ""):
-    """cfg with fields set from strings: {"rl.epochs": "2", "objective.k": "4"}.
-
-    Values parse by the current value's type (enums by name or value, bools as
-    true/false, operator tuples as "add,sub" or "+,-"). `task.kind=NAME` swaps the task's
-    config class (kjax.tasks) before the other task.* fields apply. Each nested dataclass
-    is rebuilt once with all its changes, so its validation sees the final combination
-    (e.g. rl.loss and rl.epochs together).
-    """
-    names = {f.name for f in dataclasses.fields(cfg)}
-    nested: dict[str, dict[str, str]] = {}
-    changes = {}
-    for path, text in items.items():
-        head, _, rest = path.partition(".")
-        if head not in names:
-            raise ValueError(
-                f"unknown config field `{_prefix}{head}`; known: {', '.join(sorted(names))}."
-            )
-        if rest:
-            nested.setdefault(head, {})[rest] = text
-        else:
-            changes[head] = _parse(getattr(cfg, head), text, _prefix + path)
-    for head, sub in nested.items():
-        current = getattr(cfg, head)
-        if current is None and head == "k_schedule":
-            current = KSchedule()
-        if isinstance(current, TaskConfig) and "kind" in sub:
-            # The kind is the config's class: start from the new task's defaults, then set
-            # the other task.* fields on it.
-            sub = dict(sub)
-            kind = sub.pop("kind")
-            cls = tasks.config_class(kind)
-            current = current if type(current) is cls else cls()
-        if not dataclasses.is_dataclass(current):
-            raise ValueError(f"`config.{_prefix}{head}` is not a group; cannot set {sorted(sub)}.")
-        changes[head] = override(current, sub, f"{_prefix}{head}.")
-    return dataclasses.replace(cfg, **changes)
-
-
-def _parse(current, text: str, path: str):
-    if isinstance(current, enum.Enum):
-        return coerce_enum(text, type(current), f"config.{path}")
-    if isinstance(current, tuple) and current and isinstance(current[0], Operator):
-        return _operators(text)
-    if isinstance(current, tuple) and current and isinstance(current[0], enum.Enum):
-        return tuple(t for t in text.replace(" ", "").split(",") if t)  # the group coerces
-    if isinstance(current, bool):
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"`config.{path}` must be true or false; got {text!r}.")
-        return text.lower() in ("true", "1")
-    if isinstance(current, str):
-        return text
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise ValueError(f"`config.{path}`: cannot parse {text!r}.") from None
-    if isinstance(current, float) and isinstance(value, int):
-        value = float(value)
-    if current is not None and value is not None and type(value) is not type(current):
-        raise ValueError(f"`config.{path}` must be a {type(current).__name__}; got {text!r}.")
-    return value
-
-
-def to_json(cfg) -> dict:
-    """A JSON-able nested dict (enums by value): the run's identity for ensure_workdir.
-
-    A field whose metadata is IDENTITY_IF_SET (added after runs were written) is left out
-    while it holds its default, so a workdir written before the field existed resumes.
-    """
-
-    def kept(x, f) -> bool:
-        return f.metadata != IDENTITY_IF_SET or getattr(x, f.name) != f.default
-
-    def plain(x):
-        if dataclasses.is_dataclass(x):
-            fields = dataclasses.fields(x)
-            return {f.name: plain(getattr(x, f.name)) for f in fields if kept(x, f)}
-        if isinstance(x, enum.Enum):
-            return x.value
-        if isinstance(x, tuple | list):
-            return [plain(v) for v in x]
-        return x
-
-    return plain(cfg)

@@ -471,14 +471,15 @@ def _from_disk(c: Components, restored: TrainState, meta: dict, initial: TrainSt
     if c.base_id is None:
         return restored
     saved = meta.get("lora_base")
-    if saved != c.base_id:
+    frozen = lora.split(initial.params)[1]
+    if not lora.same_base(saved, frozen, c.base_id):
         raise ValueError(
             f"{c.checkpointer.directory} holds LoRA adapters trained on the base model with "
             f"fingerprint {saved}, but this run's base (config.model, after its SFT warm "
             f"start) has fingerprint {c.base_id}: the model file or warm start changed. "
             "Restore the original base, or train in a new --workdir."
         )
-    return restored._replace(params=lora.join(restored.params, lora.split(initial.params)[1]))
+    return restored._replace(params=lora.join(restored.params, frozen))
 
 
 def _pending_like(c: Components, info: dict) -> dict:

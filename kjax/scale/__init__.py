@@ -15,10 +15,11 @@ sent per mesh axis / the links it spans) side by side, the step at their max (pe
 overlap) and at their sum (none); uncalibrated (`calibration` compiles a step that a
 published measurement can be set beside).
 
-Layers: `chips` (specs, topology devices) <- `compiled` (what the compiler reports) and
-`costs` (analytic counts) <- `planner` (the programs, compiled; Plan) <- `real` (the
-same mesh's step on real tokens, RealPlan: the packed update and the compacting sampler
-for a completion-length distribution, `lengths`).
+Layers: `chips` (specs, topology devices) <- `compiled` (what the compiler reports),
+`costs` (analytic counts) and `memory` (the analytic memory estimate, for ordering
+meshes) <- `planner` (the programs, compiled; Plan) <- `real` (the same mesh's step on
+real tokens, RealPlan: the packed update and the compacting sampler for a
+completion-length distribution, `lengths`).
 """
 
 from kjax.scale.chips import (
@@ -43,11 +44,16 @@ from kjax.scale.costs import (
     decode_flops,
     forward_flops,
     matmul_params,
-    memory_bound,
     overlap_projection,
     param_count,
     splash_attention_cost,
     update_flops,
+)
+from kjax.scale.memory import (
+    UpdateMemory,
+    memory_bound,
+    sampler_memory,
+    update_memory,
 )
 from kjax.scale.planner import (
     Plan,
@@ -84,6 +90,9 @@ __all__ = [
     "forward_flops",
     "matmul_params",
     "memory_bound",
+    "UpdateMemory",
+    "update_memory",
+    "sampler_memory",
     "overlap_projection",
     "param_count",
     "splash_attention_cost",

@@ -95,24 +95,6 @@ def overlap_projection(sampler_s: float, update_s: float, host_s: float = 0.0) -
     return {"sync": sync, "one_group": one_group, "split": best, "split_fraction": best_f}
 
 
-def memory_bound(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, minibatches: int,
-                 itemsize: int, remat: bool = False) -> float:  # fmt: skip
-    """An analytic estimate of the update's bytes per chip on mesh (data, fsdp, tensor):
-    params, gradients and Adam's two moments in the params' dtype, split over fsdp x
-    tensor, plus the layer residuals the backward keeps for one microbatch (q, k, v, the
-    attention output, the residual after attention, the MLP's gate and up per token and
-    layer: kjax.models.llama.SAVED_RESIDUALS without the probabilities, which long
-    sequences recompute; the layer input alone under remat), heads and MLP over tensor.
-    For ordering meshes before compiling them: the compiler's peak is the measurement."""
-    data, fsdp, tensor = mesh_sizes
-    state = 4 * param_count(c) * itemsize / (fsdp * tensor)
-    groups = shape.B / (minibatches * microbatches * data * fsdp)
-    tokens = groups * (shape.S + shape.N * shape.T)
-    H, K, E, D, F = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
-    per_token = D if remat else (2 * H * E + 2 * K * E + 2 * F) / tensor + D
-    return state + tokens * c.num_layers * per_token * itemsize
-
-
 _SPLASH_FLOPS = {"fwd": 4, "dq": 6, "dkv": 8}  # per query element x key, see below
 
 

@@ -107,24 +107,32 @@ def test_docs_scale_table_is_the_committed_plans():
 
 
 def test_search_orders_meshes_that_can_fit_first():
-    """8B MATH on v6e-64 (32 GiB chips): the analytic bound (params, gradients and Adam
-    moments over fsdp x tensor, plus one microbatch's layer residuals) puts the meshes
-    under 32 GiB first; the tensor-1 meshes with one microbatch, which the compiler says
-    need 61-70 GiB, come after. No compile."""
+    """8B MATH on v6e-64 (32 GiB chips): the analytic estimate (kjax.scale.memory_bound,
+    held to the compiled summaries by tests/test_scale_memory.py) puts the meshes under
+    32 GiB first; the tensor-1 meshes with one microbatch, which the compiler says need
+    61-70 GiB, come after. No compile."""
     cfg = load_config(PRESET)
     c = plan_scale.model_config(cfg, "llama-3.1-8b")
     hbm = scale.CHIPS["v6e"].hbm_bytes
     ordered = plan_scale.candidates(cfg, c, 64, hbm)
     assert sorted(ordered) == sorted(plan_scale.candidates(cfg, c, 64))
     shape = scale.Shape.of(cfg)
-    bound = [scale.memory_bound(c, shape, m, micro, cfg.rl.minibatches, 2) for m, micro in ordered]
+    bound = [scale.memory_bound(c, shape, m, micro, cfg.rl.minibatches, 2, hbm_bytes=hbm)
+             for m, micro in ordered]  # fmt: skip
     fits = [b <= hbm for b in bound]
     assert fits[0] and fits == sorted(fits, reverse=True)  # every fitting mesh first
     assert bound[fits.index(False) :] == sorted(bound[fits.index(False) :])
-    # By hand, data 1 x fsdp 64 x tensor 1, 1 microbatch: one prompt group of 512 + 16 x
-    # 1024 tokens per chip, 32 layers x (2 x 4096 + 2 x 1024 + 2 x 14336 + 4096) bf16
-    # residuals per token, and 4 x 8.03e9 x 2 bytes of state over 64 chips.
-    tokens, per_token = 512 + 16 * 1024, 32 * (2 * 4096 + 2 * 1024 + 2 * 14336 + 4096) * 2
-    expected = tokens * per_token + 4 * scale.param_count(c) * 2 / 64
-    assert scale.memory_bound(c, shape, (1, 64, 1), 1, 2, 2) == pytest.approx(expected)
-    assert expected > hbm and ordered.index(((1, 64, 1), 1)) > fits.count(True) - 1
+    assert ordered.index(((1, 64, 1), 1)) >= fits.count(True)
+
+
+def test_search_on_v5e_256_starts_with_the_mesh_that_fit():
+    """8B MATH on v5e-256: compiled, 1x64x4 x 1 (the old bound's first candidate at 14.2
+    GiB) needed 19.48 GiB of temporaries of 15.75 and 1x32x8 x 2 peaked at 15.25 of 16
+    (docs/scale.md); the estimate now puts 1x64x4 x 1 past 16 GiB and 1x32x8 x 2 first."""
+    cfg = load_config(PRESET)
+    c = plan_scale.model_config(cfg, "llama-3.1-8b")
+    hbm = scale.CHIPS["v5e"].hbm_bytes
+    ordered = plan_scale.candidates(cfg, c, 256, hbm)
+    assert ordered[0] == ((1, 32, 8), 2)
+    shape = scale.Shape.of(cfg)
+    assert scale.memory_bound(c, shape, (1, 64, 4), 1, 2, 2, hbm_bytes=hbm) > hbm

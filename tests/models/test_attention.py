@@ -265,3 +265,23 @@ def test_update_computes_one_kv_head_per_chip_where_tensor_exceeds_the_kv_heads(
     types_before, flops_before = compiled()
     assert any(t.startswith("f32[64,2,16]") for t in types_before)
     assert flops < flops_before
+
+
+def test_a_splash_kernel_built_inside_a_trace_caches_no_tracer():
+    """The kernel (its mask info arrays) is cached by shape. Built inside the update's
+    trace, it held that trace's tracers, and the next jit of the same shapes failed with
+    an UnexpectedTracerError (the slow gradient case above, after the forward case); it
+    is now built eagerly, so the cached kernel holds arrays. Traced, not compiled."""
+    attention._kernel.cache_clear()
+    S, n, t, H, K, E = 4, 2, 3, 2, 1, 8
+    q = jnp.zeros((1, S + n * t, H, E))
+    k = jnp.zeros((1, S + n * t, K, E))
+    mask = jnp.ones((1, S), bool)
+    run = lambda q, k: attention.grouped_attention(  # noqa: E731
+        AttentionBackend.SPLASH, q, k, k, mask, n, t
+    )
+    jax.jit(run).trace(q, k)
+    kernel = attention._kernel(128, S, t, H, True)  # S + n t = 10 positions -> 128
+    assert attention._kernel.cache_info().hits == 1
+    leaves = jax.tree.leaves(kernel)
+    assert leaves and not any(isinstance(x, jax.core.Tracer) for x in leaves)

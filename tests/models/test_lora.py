@@ -205,6 +205,50 @@ def test_split_join_and_merge_leave_a_plain_model_unchanged():
     assert lora.fingerprint(moved) != lora.fingerprint(frozen)
 
 
+def test_fingerprint_is_the_same_on_any_mesh_and_sees_every_element():
+    """The device-side fingerprint: equal for the base sharded over 8 devices (each summing
+    its own shards) and on one; changed by a swap of two elements (the index enters each
+    term) and by one flipped bit; a checkpoint's pre-2026-12-06 digest still matches."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(0)
+    frozen = {  # a base's kinds of leaves: float32, bfloat16, int, and the adapters' scale
+        "embed": jnp.asarray(rng.normal(size=(16, 8)), jnp.bfloat16),
+        "layers": {"q": jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32),
+                   "lora_scale": jnp.full((2,), 2.0)},
+        "final_norm": jnp.asarray(rng.normal(size=(8,)), jnp.float32),
+        "positions": jnp.arange(12, dtype=jnp.int32),
+    }  # fmt: skip
+    ident = lora.fingerprint(frozen)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("a", "b"))
+
+    def spread(x):  # the first two axes over the mesh where they divide
+        spec = [None] * x.ndim
+        for i, (axis, size) in enumerate(zip(("a", "b"), (2, 4), strict=True)):
+            if i < x.ndim and x.shape[i] % size == 0:
+                spec[i] = axis
+        return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+
+    sharded = jax.tree.map(spread, frozen)
+    assert any(len(x.sharding.device_set) > 1 for x in jax.tree.leaves(sharded))
+    assert lora.fingerprint(sharded) == ident
+    w = np.asarray(frozen["layers"]["q"]).reshape(-1)
+    swapped = w.copy()
+    swapped[[0, 1]] = w[[1, 0]]
+    assert w[0] != w[1]
+    flipped = w.copy().view(np.uint32)
+    flipped[13] ^= 1
+    for other in (swapped, flipped.view(w.dtype)):
+        q = jnp.asarray(other.reshape(2, 8, 4))
+        changed = {**frozen, "layers": {**frozen["layers"], "q": q}}
+        assert lora.fingerprint(changed) != ident
+    legacy = lora._host_fingerprint(frozen)
+    assert lora.same_base(legacy, frozen, ident) and lora.same_base(ident, frozen, ident)
+    assert not lora.same_base(None, frozen, ident)
+    assert not lora.same_base(lora._host_fingerprint(changed), frozen, ident)
+
+
 def test_save_hf_writes_merged_model_and_adapter_peft_loads(tmp_path):
     import peft
     import transformers

@@ -10,8 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from kjax.models import lora
+from kjax import sharding
+from kjax.models import Llama, lora
 from kjax.rl import forward, loop
 from kjax.rl.config import ModelConfig, PolicyLoss, StepConfig, TrainConfig, override, to_json
 from kjax.rl.train_step import TrainState, init_train_state, loss_fn, make_train_step, shardings_of
@@ -47,7 +51,48 @@ def test_optimizer_state_and_gradients_cover_only_the_adapters():
     assert n_moments == 2 * n_adapter  # Adam's mu and nu, nothing for the base
 
 
-@pytest.mark.parametrize("loss,devices", [("PG", 1), ("PPO", 2)])
+def _fsdp_tensor_mesh():
+    return sharding.make_mesh(data=2, fsdp=2, tensor=2, devices=jax.devices()[:8])
+
+
+def _laid(m):
+    """_adapted()'s tree attached on the base as the sharding rules lay it out on m."""
+    rules = sharding.create_sharded(lambda: Llama(CONFIG, rngs=nnx.Rngs(0)), m).params()
+    base = jax.tree.map(lambda x, r: jax.device_put(x, r.sharding), tiny_params(0), rules)
+    return lora.attach(base, lora.LoraConfig(rank=2, alpha=4.0), jax.random.key(1))
+
+
+def test_adapters_are_laid_out_like_the_weights_they_adapt():
+    """A [L,*in,r] takes W's layout of L and the inputs, B [L,r,*out] of L and the outputs;
+    the rank axis and the scale are whole (weights laid out as llama.py's rules would)."""
+    m = _fsdp_tensor_mesh()
+    specs = {  # name: (shape, W's spec)
+        "q": ((2, 8, 4, 2), P(None, "fsdp", "tensor")),
+        "o": ((2, 4, 2, 8), P(None, "tensor", None, "fsdp")),
+        "down": ((2, 6, 8), P("data", "tensor", "fsdp")),
+    }
+    layers = {
+        n: jax.device_put(jnp.ones(shape), NamedSharding(m, spec))
+        for n, (shape, spec) in specs.items()
+    }
+    targets = (lora.Projection.Q, lora.Projection.O, lora.Projection.DOWN)
+    cfg = lora.LoraConfig(rank=3, alpha=3.0, targets=targets)
+    out = lora.attach({"layers": layers}, cfg, jax.random.key(0))["layers"]
+    want = {
+        "q": (P(None, "fsdp", None), P(None, None, "tensor", None)),
+        "o": (P(None, "tensor", None, None), P(None, None, "fsdp")),
+        "down": (P("data", "tensor", None), P("data", None, "fsdp")),
+    }
+    for n, (a, b) in want.items():
+        assert out[n + "_lora_a"].sharding.spec == a, n
+        assert out[n + "_lora_b"].sharding.spec == b, n
+    assert out["lora_scale"].sharding.spec == P()
+
+
+@pytest.mark.parametrize(
+    "loss,devices",
+    [("PG", 1), ("PPO", 2), pytest.param("PG", "fsdp x tensor", marks=pytest.mark.slow)],
+)
 def test_update_moves_only_adapters_as_hand_written_sgd(loss, devices):
     cfg = StepConfig(loss=PolicyLoss[loss], epochs=1 if loss == "PG" else 2)
     params = _adapted()
@@ -69,8 +114,10 @@ def test_update_moves_only_adapters_as_hand_written_sgd(loss, devices):
     for u in range(cfg.epochs):
         ref = jax.tree.map(lambda p, g: p - LR * g, ref, grad(ref, u == 0))
 
-    m = mesh(devices)
+    m = mesh(devices) if isinstance(devices, int) else _fsdp_tensor_mesh()
     own = jax.tree.map(jnp.copy, params)  # the step donates its state's arrays
+    if not isinstance(devices, int):
+        own = jax.tree.map(lambda x, a: jax.device_put(jnp.copy(x), a.sharding), params, _laid(m))
     state = init_train_state(own, optax.sgd(LR), jax.random.key(0), m)
     step = make_train_step(CONFIG, cfg, optax.sgd(LR), m, shardings_of(state))
     new, metrics = step(state, batch, None, jnp.int32(2))

@@ -13,6 +13,7 @@ import pytest
 from experiments.bench import (
     bench_model,
     bench_objectives,
+    bench_padding,
     bench_rl_step,
     bench_sampler,
     bench_trl,
@@ -196,7 +197,9 @@ def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path
     assert [r[0] for r in _table(text, "| side |")] == ["kjax"]
 
 
-@pytest.mark.parametrize("module", [bench_objectives, bench_rl_step, bench_sampler, bench_trl])
+@pytest.mark.parametrize(
+    "module", [bench_objectives, bench_padding, bench_rl_step, bench_sampler, bench_trl]
+)
 def test_every_benchmark_parses_its_own_arguments(module):
     # The modules are imported together above: none may define process-global flags that
     # collide with another's (absl's did: --shapes, --steps, --out).
@@ -211,3 +214,49 @@ def test_seed_axis_grad_smoke_runs_and_its_three_gradients_agree(capsys):
     assert result["disagreement"] < 1e-4  # vmapped = one per seed; stacked = 2 x one
     out = capsys.readouterr().out
     assert "2 batches vmapped over 2 parameter sets" in out and "agree to" in out
+
+
+def _padding_smoke(tmp_path, *flags) -> dict:
+    out = tmp_path / "padding.json"
+    assert bench_padding.main(["--smoke", "--out", str(out), *flags]) == 0
+    result = json.loads(out.read_text())
+    assert _positive(result["machine"]["matmul_peak_tflops"])
+    (shape,) = result["shapes"]
+    warm, timed = shape["steps"]
+    assert not warm["timed"] and timed["timed"]
+    for step in shape["steps"]:
+        # Same state, prompts and key: the compacting sampler draws the static one's tokens,
+        # so both updates see one batch and compute one loss and gradient norm.
+        assert step["same_tokens"]
+        padded, packed = step["padded"], step["packed"]
+        assert step["loss_diff"] <= 1e-5 * max(1.0, abs(padded["loss"]))
+        assert step["grad_norm_diff"] <= 1e-4 * padded["grad_norm"] and padded["grad_norm"] > 0
+        assert padded["rows"] == shape["N"] and packed["rows"] in shape["buckets"]
+        assert padded["real_tokens"] == packed["real_tokens"] > 0
+        assert 0 <= packed["update_padding"] <= padded["update_padding"] < 1
+        assert 0 <= packed["sampler_padding"] <= padded["sampler_padding"] < 1
+    for arm in bench_padding.ARMS:
+        m = shape["summary"][arm]
+        assert all(_positive(m[f"{n}_s"]) for n in ("step", "sample", "update"))
+    assert timed["padded"]["compile_excluded_s"] == 0  # the padded update compiled in warm-up
+    return shape
+
+
+def test_bench_padding_smoke_alternates_both_arms_on_the_same_tokens(tmp_path, capsys):
+    # --compact_floor 0: the packed arm packs the update only and samples with the padded
+    # arm's program (compiled once); the compacting sampler compiles ~5 s more under load,
+    # so that run is the slow test below.
+    shape = _padding_smoke(tmp_path, "--compact_floor", "0")
+    assert shape["compact_sizes"] == [32]
+    text = capsys.readouterr().out
+    assert len(_table(text, "| step |")) == 2 and len(_table(text, "| arm |")) == 2
+
+
+@pytest.mark.slow
+def test_bench_padding_smoke_with_a_compacting_sampler(tmp_path):
+    shape = _padding_smoke(tmp_path)
+    assert shape["compact_sizes"] == [32, 16, 8]
+    # The random-init model's lengths at T = 16 leave fewer than half the rows live at the
+    # end of the first step, so the compacting sampler ran fewer row-steps.
+    first = shape["steps"][0]
+    assert first["packed"]["sampler_padding"] < first["padded"]["sampler_padding"]
