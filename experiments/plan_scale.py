@@ -337,6 +337,7 @@ def _summary(p, config: str, model: str) -> dict:
         "chip": dataclasses.asdict(p.chip),
         "count": COUNT,
         "calibration": CALIBRATION,
+        "stream_split": True,  # the update's residual stream split over tensor (scale.memory)
         "label": "compiled, not run",
     }
 

@@ -9,11 +9,13 @@ of the compiled 8B MATH update, 4 layers, v5e:2x4, mesh 1x1x8):
   state: STATE_COPIES copies of the params per chip, FSDP_COPIES more where fsdp > 1
     (below);
   residuals: per layer and token of one microbatch, the layer input and the residual
-    after attention (x_mid), each D wide and not split over tensor (the activations
-    keep D whole), plus q, k, v, the attention output and the MLP's gate and up, split
-    over tensor (k and v one kv head per tensor device where the training forward
-    repeats them: kjax.models.attention.kv_weights_per_query_head), and the float32
-    attention log-sum-exp;
+    after attention (x_mid), each D wide, split over tensor along the positions where
+    tensor divides them (kjax.sharding.constrain_residual; `stream_split=False` models
+    the programs compiled before it, whole on every tensor device), plus q, k, v, the
+    attention output and the MLP's gate and up, split over tensor (k and v one kv head
+    per tensor device where the training forward repeats them:
+    kjax.models.attention.kv_weights_per_query_head), and the float32 attention
+    log-sum-exp;
   workspace: the larger of one layer's backward (WORKSPACE_ROWS residual-stream-sized
     [tokens, D] buffers, plus the layer's weights gathered over fsdp and their gradient)
     and the loss head's (the final hidden states and their float32 cotangent, the
@@ -82,19 +84,23 @@ class UpdateMemory:
 
 def update_memory(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, minibatches: int,
                   itemsize: int, act_itemsize: int | None = None, remat: bool = False,
-                  kernel: bool = True) -> UpdateMemory:  # fmt: skip
+                  kernel: bool = True, stream_split: bool = True) -> UpdateMemory:  # fmt: skip
     """The update's bytes per chip on mesh (data, fsdp, tensor) with `microbatches`, by
     term. itemsize: the params' (and Adam's moments') bytes; act_itemsize: the compute
     dtype's (default itemsize); remat: only each layer's input is saved and one layer's
-    residuals are recomputed at a time; kernel: the splash attention forward (TPU)."""
+    residuals are recomputed at a time; kernel: the splash attention forward (TPU);
+    stream_split: the residual stream between layers split over tensor along its
+    positions, as the training forward lays it out where tensor divides S + N*T (False:
+    whole, as in the summaries compiled before that)."""
     _, fsdp, tensor = mesh_sizes
     act = itemsize if act_itemsize is None else act_itemsize
     H, E, D, F, L = c.num_heads, c.head_dim, c.hidden_size, c.intermediate_size, c.num_layers
     tokens = _group_tokens(shape, mesh_sizes, microbatches, minibatches)
     kv = kv_heads_per_chip(c, tensor, kernel)
     split = (2 * H * E + 2 * kv * E * tensor + 2 * F) / tensor  # q, attn_out, k, v, gate, up
-    per_token = (2 * D + split) * act + 4 * H / tensor  # + the float32 log-sum-exp
-    saved = D * act if remat else per_token
+    stream = tensor if stream_split and (shape.S + shape.N * shape.T) % tensor == 0 else 1
+    per_token = (2 * D / stream + split) * act + 4 * H / tensor  # + the float32 lse
+    saved = D / stream * act if remat else per_token
     layer_weights = matmul_params(c) / L * itemsize / tensor  # one layer, gathered over fsdp
     layer = WORKSPACE_ROWS * tokens * D * act + 2 * layer_weights
     if remat:
