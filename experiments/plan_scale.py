@@ -165,7 +165,11 @@ def candidates(cfg: TrainConfig, c, chips: int,
     import jax.numpy as jnp
 
     shape, itemsize = Shape.of(cfg), jnp.dtype(param_dtype(cfg)).itemsize
-    kw = dict(act_itemsize=jnp.dtype(cfg.model.compute_dtype).itemsize, hbm_bytes=hbm_bytes)
+    kw = dict(
+        act_itemsize=jnp.dtype(cfg.model.compute_dtype).itemsize,
+        hbm_bytes=hbm_bytes,
+        stream_split=cfg.rl.sequence_parallel,
+    )
     bound = {m: memory_bound(c, shape, *m, mini, itemsize, **kw) for m in out}
     return sorted(out, key=lambda m: (bound[m] > hbm_bytes, bound[m] if bound[m] > hbm_bytes else 0,
                                       *speed(m)))  # fmt: skip
@@ -299,7 +303,7 @@ def _floors(p) -> list[dict]:
     ]  # fmt: skip
 
 
-def _summary(p, config: str, model: str) -> dict:
+def _summary(p, config: str, model: str, stream_split: bool) -> dict:
     return {
         "config": config,
         "model": model,
@@ -337,7 +341,7 @@ def _summary(p, config: str, model: str) -> dict:
         "chip": dataclasses.asdict(p.chip),
         "count": COUNT,
         "calibration": CALIBRATION,
-        "stream_split": True,  # the update's residual stream split over tensor (scale.memory)
+        "stream_split": stream_split,  # rl.sequence_parallel: the residual stream split
         "label": "compiled, not run",
     }
 
@@ -588,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{p.step_seconds:.2f} s, peak {p.peak_bytes / GiB:.1f} GiB")  # fmt: skip
         plans += found
     if args.out:
-        summaries = [_summary(p, args.config, args.model or cfg.model.path) for p in plans]
+        model, split = args.model or cfg.model.path, cfg.rl.sequence_parallel
+        summaries = [_summary(p, args.config, model, split) for p in plans]
         if reals:
             from kjax.scale import real
 

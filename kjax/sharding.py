@@ -6,6 +6,8 @@ RULES maps each name to mesh axes. Activations shard their batch over ("data", "
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from collections.abc import Callable, Mapping
 
@@ -28,9 +30,26 @@ RULES: Mapping[str, str | tuple[str, ...] | None] = {
     "layers": None,
     "norm": None,
     # The positions of the training forward's residual stream between layers
-    # (constrain_residual); no parameter has this axis.
+    # (constrain_residual, inside sequence_split(True) only); no parameter has this axis.
     "sequence": "tensor",
 }
+
+# Whether the training forward being traced splits its residual stream (sequence_split).
+_SEQUENCE_SPLIT = contextvars.ContextVar("kjax_sequence_split", default=False)
+
+
+@contextlib.contextmanager
+def sequence_split(on: bool):
+    """Within it, the training forward traced splits its residual stream's positions over
+    the sequence rule's axes (constrain_residual, gather_sequence, scatter_sequence:
+    sequence parallelism); outside, or with on=False, those are constrain_batch and the
+    identity, the program as before. StepConfig.sequence_parallel turns it on for a run's
+    update (kjax.rl.train_step traces its step inside this)."""
+    token = _SEQUENCE_SPLIT.set(bool(on))
+    try:
+        yield
+    finally:
+        _SEQUENCE_SPLIT.reset(token)
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
@@ -218,9 +237,11 @@ def _residual_axes(shape, mesh, rules) -> tuple[tuple[str, ...] | None, tuple[st
     """(batch axes, sequence axes) of a residual stream [B, L, D] (constrain_residual):
     the batch rule's axes where they split B (None where they do not: B left to
     propagation, as constrain_batch leaves it; () on a mesh without them), and the
-    sequence rule's other axes of size > 1 where they split L, else ()."""
+    sequence rule's other axes of size > 1 where they split L inside sequence_split(True),
+    else ()."""
     batch = _axes_of(rules["batch"], mesh)
-    seq = tuple(n for n in _axes_of(rules["sequence"], mesh) if n not in batch)
+    split = _SEQUENCE_SPLIT.get()
+    seq = tuple(n for n in _axes_of(rules["sequence"], mesh) if split and n not in batch)
     seq = tuple(n for n in seq if mesh.shape[n] > 1)
     if seq and shape[1] % _size(seq, mesh):
         seq = ()
@@ -232,9 +253,10 @@ def _residual_axes(shape, mesh, rules) -> tuple[tuple[str, ...] | None, tuple[st
 def constrain_residual(x, rules=RULES):
     """The residual stream x [B, L, D] of the training forward between layers (the layer
     scan's carry, which its backward keeps for every layer): B over the batch rule's mesh
-    axes as `constrain_batch`, the L positions over the sequence rule's (tensor), D whole,
-    when traced under a mesh; x as is without one. Where those axes do not divide L, this
-    is constrain_batch.
+    axes as `constrain_batch`, and inside sequence_split(True) the L positions over the
+    sequence rule's (tensor), D whole, when traced under a mesh; x as is without one.
+    Outside sequence_split(True), or where those axes do not divide L, this is
+    constrain_batch.
 
     With L whole the saved inputs are [layers, B, L, D] on every tensor device: the 70B
     CodeContests update on v5p-128 (fsdp 8 x tensor 16) kept bf16[80,1,34304,8192],
@@ -245,7 +267,8 @@ def constrain_residual(x, rules=RULES):
     (`scatter_sequence`): sequence parallelism. The TPU compiler keeps the all-reduce of
     those sums and slices it, so the gathers are extra interconnect bytes (a 4-layer
     D=1024 update at fsdp 2 x tensor 4 on v5p: tensor bytes 1.75e8 -> 3.05e8 per chip,
-    FLOPs unchanged, HBM bytes 2% lower). Only the layout changes, not the values."""
+    FLOPs unchanged, HBM bytes 2% lower), hence a switch (StepConfig.sequence_parallel),
+    on where the whole stream does not fit. Only the layout changes, not the values."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x

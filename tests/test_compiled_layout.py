@@ -204,13 +204,13 @@ def _saved_stacks(text: str, L: int, D: int) -> set[tuple[int, ...]]:
 
 
 @pytest.mark.slow  # two TPU compiles, ~6-11 s on 2 cores
-def test_training_forward_saves_its_layer_inputs_split_over_tensor(monkeypatch):
+def test_training_forward_saves_its_layer_inputs_split_over_tensor():
     """The update's forward and backward (completion log-probs through the chunked head)
     on v5e:2x2 at fsdp 2 x tensor 2, one prompt group per chip: the layer scan keeps each
     layer's input and its residual after attention split over tensor along the S + N*T
     = 8 + 4*4 positions, [L, 1, 12, D] per chip, and no [L, 1, 24, D] stack.
-    With the residual stream only batch-constrained (as before the fix, patched back
-    here) the stack is whole on every tensor device: 70B CodeContests on v5p-128 kept
+    Inside sharding.sequence_split(True) (rl.sequence_parallel). Outside it (the default
+    program) the stack is whole on every tensor device: 70B CodeContests on v5p-128 kept
     bf16[80,1,34304,8192], 41.9 GiB per chip, and did not fit."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -227,12 +227,12 @@ def test_training_forward_saves_its_layer_inputs_split_over_tensor(monkeypatch):
     pmask = jax.ShapeDtypeStruct((B, S), jnp.bool_, sharding=rows)
     tokens = jax.ShapeDtypeStruct((B, N, T), jnp.int32, sharding=rows)
 
-    def loss(params, prompts, pmask, tokens):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            stats = forward.completion_logprobs(params, c, prompts, pmask, tokens)
-        return jnp.sum(stats.logprobs)
+    def stacks(on=True):
+        def loss(params, prompts, pmask, tokens):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), sharding.sequence_split(on):
+                stats = forward.completion_logprobs(params, c, prompts, pmask, tokens)
+            return jnp.sum(stats.logprobs)
 
-    def stacks():
         step = jax.jit(jax.grad(loss))
         text = step.lower(params, prompts, pmask, tokens).compile().as_text()
         return _saved_stacks(text, c.num_layers, c.hidden_size)
@@ -241,9 +241,5 @@ def test_training_forward_saves_its_layer_inputs_split_over_tensor(monkeypatch):
     split, whole = (L, 1, (S + N * T) // 2, D), (L, 1, S + N * T, D)
     got = stacks()
     assert split in got and whole not in got, got
-    monkeypatch.setattr(sharding, "constrain_residual", sharding.constrain_batch)
-    monkeypatch.setattr(sharding, "gather_sequence", lambda x: x)
-    monkeypatch.setattr(sharding, "scatter_sequence", lambda x: x)
-    jax.clear_caches()
-    before = stacks()
+    before = stacks(on=False)  # rl.sequence_parallel off, the default
     assert whole in before and split not in before, before

@@ -90,15 +90,16 @@ def test_the_params_copies_are_those_the_summaries_imply():
 
 def test_residuals_and_state_by_hand():
     """8B MATH at 1x32x8 x 2 on v5e-256 (one prompt group per chip per microbatch, 512 +
-    16 x 1024 tokens): per layer and token the layer input and x_mid (4096 / 8 each: the
-    positions split over tensor 8, which divides 16,896; 4096 each with the stream
-    whole), q and the attention output (32 x 128 / 8 each), k and v (one kv head each),
-    gate and up (14336 / 8 each) in bf16, and the float32 log-sum-exp of 4 heads; 5 + 3
-    copies of the 8.03e9 bf16 params over 256 chips (fsdp > 1)."""
+    16 x 1024 tokens): per layer and token the layer input and x_mid (4096 / 8 each with
+    the positions split over tensor 8, which divides 16,896, rl.sequence_parallel; 4096
+    each with the stream whole, the default), q and the attention output (32 x 128 / 8
+    each), k and v (one kv head each), gate and up (14336 / 8 each) in bf16, and the
+    float32 log-sum-exp of 4 heads; 5 + 3 copies of the 8.03e9 bf16 params over 256
+    chips (fsdp > 1)."""
     cfg = load_config("experiments/configs/llama31_8b_math.py:passk")
     c = plan_scale.model_config(cfg, "llama-3.1-8b")
-    m = scale.update_memory(c, scale.Shape.of(cfg), (1, 32, 8), 2, 2, 2)
-    whole = scale.update_memory(c, scale.Shape.of(cfg), (1, 32, 8), 2, 2, 2, stream_split=False)
+    m = scale.update_memory(c, scale.Shape.of(cfg), (1, 32, 8), 2, 2, 2, stream_split=True)
+    whole = scale.update_memory(c, scale.Shape.of(cfg), (1, 32, 8), 2, 2, 2)  # the default
     tokens = 512 + 16 * 1024
     rest = 2 * 512 + 2 * 128 + 2 * 1792
     assert m.residuals == pytest.approx(32 * tokens * ((2 * 512 + rest) * 2 + 4 * 4))

@@ -115,15 +115,15 @@ def test_cache_spec_shards_the_rows_over_tensor_when_it_cannot_split_the_kv_head
 
 
 def test_residual_stream_splits_its_positions_over_tensor():
-    """constrain_residual lays a [B, L, D] stream out with B over data x fsdp and L over
-    tensor (D whole), or as constrain_batch where tensor does not divide L;
-    gather_sequence makes the rows whole again and scatter_sequence splits them (both
+    """Inside sequence_split(True), constrain_residual lays a [B, L, D] stream out with B
+    over data x fsdp and L over tensor (D whole), or as constrain_batch where tensor does
+    not divide L; gather_sequence makes the rows whole again and scatter_sequence splits them (both
     no-ops where L does not split), each the identity on values and gradients."""
     mesh = sharding.make_mesh(1, 2, 4)
     batch = ("data", "fsdp")
 
-    def layouts(x):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    def layouts(x, on=True):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), sharding.sequence_split(on):
             r = sharding.constrain_residual(x)
             return r, sharding.gather_sequence(r), sharding.scatter_sequence(2 * x)
 
@@ -150,3 +150,6 @@ def test_residual_stream_splits_its_positions_over_tensor():
     grad = jax.jit(loss)(jax.device_put(x, NamedSharding(mesh, P())))
     np.testing.assert_array_equal(grad, 2 * x + 2 * x + 8 * x)
     assert sharding.constrain_residual(x) is x  # no mesh: as is
+    # Outside sequence_split(True) (rl.sequence_parallel off, the default): batch only.
+    off = jax.jit(lambda x: layouts(x, on=False))(jax.device_put(x, NamedSharding(mesh, P())))
+    assert same(off[0].sharding, batch, None, None) and same(off[2].sharding, None, None, None)

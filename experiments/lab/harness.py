@@ -216,6 +216,7 @@ _LATER_DEFAULTS = {
     "sampler_compact_floor": 0,  # the static sampler (kjax.sampling)
     "sampler_weights": "AUTO",  # the trainer's layout on CPUs (kjax.sampler_layout)
     "rl.pack": "OFF",  # the padded update (kjax.rl.packing)
+    "rl.sequence_parallel": False,  # the residual stream whole over tensor (kjax.sharding)
     "model.attention": "AUTO",  # jnp on CPU (kjax.models.attention)
     "model.lora": dataclasses.asdict(LoraConfig()),  # full fine-tuning (kjax.models.lora)
     "objective.bon_anchor": "GROUP",  # BON_DISTILL's moving anchor (kjax.rl.objective_config)

@@ -153,6 +153,11 @@ class StepConfig:
       tis_cap; EXACT needs PG, or PPO with ratio_level=SEQUENCE (decoupled), and none of
       tis_cap, offpolicy_clamp, SEQ_MEAN_TOKEN_MEAN).
     pack: PackMode, whether the update runs on padded or packed completions.
+    sequence_parallel: on a mesh with tensor > 1, the update's residual stream between
+      layers splits its positions over tensor (kjax.sharding.sequence_split): the layer
+      scan keeps 1/tensor of each layer's saved input, for more interconnect traffic
+      (the layers gather and reduce-scatter around their projections). Off: the stream
+      is whole on every tensor device. Values are the same either way.
     """
 
     loss: PolicyLoss = PolicyLoss.PG
@@ -172,6 +177,7 @@ class StepConfig:
     policy_lag: int = 0
     lag_correction: LagCorrection = LagCorrection.NONE
     pack: PackMode = dataclasses.field(default=PackMode.OFF, metadata=IDENTITY_IF_SET)
+    sequence_parallel: bool = dataclasses.field(default=False, metadata=IDENTITY_IF_SET)
 
     def __post_init__(self):
         coerce_enums(self, "rl.")

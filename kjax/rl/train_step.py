@@ -389,7 +389,11 @@ def make_train_step(
     def step(state: TrainState, batch: RLBatch, ref_params, k, rows: int | None = None):
         # Under the mesh, the forward pins its activations' B to the batch axes
         # (sharding.constrain_batch); a no-op on one device.
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        # rl.sequence_parallel: the forward's residual stream split over tensor.
+        with (
+            jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+            sharding.sequence_split(cfg.sequence_parallel),
+        ):
             return sharded_step(state, batch, ref_params, k, rows)
 
     def sharded_step(state: TrainState, batch: RLBatch, ref_params, k, rows):

@@ -84,14 +84,14 @@ class UpdateMemory:
 
 def update_memory(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, minibatches: int,
                   itemsize: int, act_itemsize: int | None = None, remat: bool = False,
-                  kernel: bool = True, stream_split: bool = True) -> UpdateMemory:  # fmt: skip
+                  kernel: bool = True, stream_split: bool = False) -> UpdateMemory:  # fmt: skip
     """The update's bytes per chip on mesh (data, fsdp, tensor) with `microbatches`, by
     term. itemsize: the params' (and Adam's moments') bytes; act_itemsize: the compute
     dtype's (default itemsize); remat: only each layer's input is saved and one layer's
     residuals are recomputed at a time; kernel: the splash attention forward (TPU);
     stream_split: the residual stream between layers split over tensor along its
-    positions, as the training forward lays it out where tensor divides S + N*T (False:
-    whole, as in the summaries compiled before that)."""
+    positions, as the training forward lays it out under rl.sequence_parallel where
+    tensor divides S + N*T (False: whole, the default program)."""
     _, fsdp, tensor = mesh_sizes
     act = itemsize if act_itemsize is None else act_itemsize
     H, E, D, F, L = c.num_heads, c.head_dim, c.hidden_size, c.intermediate_size, c.num_layers
@@ -120,14 +120,14 @@ def update_memory(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, m
 
 def memory_bound(c: LlamaConfig, shape: Shape, mesh_sizes, microbatches: int, minibatches: int,
                  itemsize: int, remat: bool = False, act_itemsize: int | None = None,
-                 hbm_bytes: int | None = None) -> float:  # fmt: skip
+                 hbm_bytes: int | None = None, stream_split: bool = False) -> float:  # fmt: skip
     """An analytic estimate of one chip's peak bytes in an RL step on mesh (data, fsdp,
     tensor): the larger of the update's (update_memory) and the sampler's in the layout
     AUTO picks (sampler_memory, plus the update's arguments that stay allocated beside
     it). For ordering meshes before compiling them: the compiler's peak is the
     measurement."""
     update = update_memory(c, shape, mesh_sizes, microbatches, minibatches, itemsize,
-                           act_itemsize, remat)  # fmt: skip
+                           act_itemsize, remat, stream_split=stream_split)  # fmt: skip
     resident = 3 * param_count(c) * itemsize / (mesh_sizes[1] * mesh_sizes[2])
     sampler = sampler_memory(c, shape, mesh_sizes, itemsize, act_itemsize, hbm_bytes=hbm_bytes)
     return max(update.total, sum(sampler.values()) + resident)

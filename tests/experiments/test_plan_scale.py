@@ -9,6 +9,7 @@ import pytest
 from experiments import plan_scale
 from experiments.train import load_config
 from kjax import scale
+from kjax.rl.config import override
 
 PRESET = "experiments/configs/llama31_8b_math.py:passk"
 
@@ -126,7 +127,8 @@ def test_search_orders_meshes_that_can_fit_first():
 
 
 def test_search_on_v5e_256_starts_with_the_mesh_that_fit():
-    """8B MATH on v5e-256: with the update's residual stream whole on every tensor device,
+    """8B MATH on v5e-256: with the update's residual stream whole on every tensor device
+    (the default; rl.sequence_parallel off),
     1x64x4 x 1 needed 19.48 GiB of temporaries of 15.75 and 1x32x8 x 2 peaked at 15.25 of
     16, and the estimate (stream_split=False) put 1x64x4 x 1 past 16 GiB; with the stream
     split over tensor (kjax.sharding.constrain_residual) 1x64x4 x 1 compiled to 15.20 of
@@ -134,9 +136,11 @@ def test_search_on_v5e_256_starts_with_the_mesh_that_fit():
     cfg = load_config(PRESET)
     c = plan_scale.model_config(cfg, "llama-3.1-8b")
     hbm = scale.CHIPS["v5e"].hbm_bytes
-    ordered = plan_scale.candidates(cfg, c, 256, hbm)
-    assert ordered[0] == ((1, 64, 4), 1)
+    assert plan_scale.candidates(cfg, c, 256, hbm)[0] == ((1, 32, 8), 2)  # stream whole
+    split = override(cfg, {"rl.sequence_parallel": "true"})
+    assert plan_scale.candidates(split, c, 256, hbm)[0] == ((1, 64, 4), 1)
     shape = scale.Shape.of(cfg)
-    assert scale.memory_bound(c, shape, (1, 64, 4), 1, 2, 2, hbm_bytes=hbm) < hbm
+    on = scale.memory_bound(c, shape, (1, 64, 4), 1, 2, 2, hbm_bytes=hbm, stream_split=True)
+    assert on < hbm < scale.memory_bound(c, shape, (1, 64, 4), 1, 2, 2, hbm_bytes=hbm)
     whole = scale.update_memory(c, shape, (1, 64, 4), 1, 2, 2, stream_split=False)
     assert whole.total > hbm

@@ -306,7 +306,7 @@ def test_sequence_split_residual_stream_equals_one_device():
     grads = jax.grad(loss, has_aux=True)
 
     def on_mesh(params):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), sharding.sequence_split(True):
             assert sharding._residual_axes((2, 16, 32), mesh, sharding.RULES) == (
                 ("data", "fsdp"),
                 ("tensor",),
@@ -336,9 +336,10 @@ def _constraints(jaxpr, shape):
 
 
 def test_the_update_splits_its_residual_stream_over_tensor():
-    """Traced for a 1x2x4 mesh (fsdp 2 x tensor 4), the shared-prompt forward's backward
-    and forward lay the [B, S + N*T, D] residual stream between layers out split over
-    tensor along its positions (sharding.constrain_residual): the layer scan then keeps
+    """Traced for a 1x2x4 mesh (fsdp 2 x tensor 4) inside sharding.sequence_split(True)
+    (rl.sequence_parallel), the shared-prompt forward's backward and forward lay the
+    [B, S + N*T, D] residual stream between layers out split over tensor along its
+    positions (sharding.constrain_residual), and outside it do not: the layer scan then keeps
     1/tensor of each layer's input per chip. Constrained only over the batch axes (as it
     was), the 70B CodeContests update on v5p-128 kept bf16[80,1,34304,8192] per chip,
     41.9 GiB, and did not fit. No compile: the traced program's constraints."""
@@ -349,10 +350,15 @@ def test_the_update_splits_its_residual_stream_over_tensor():
     prompts, pmask, tokens = _batch(config, B=2, S=8, N=2, T=4, seed=0)
     mesh = sharding.make_mesh(1, 2, 4)
 
-    def loss(params):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return jnp.sum(forward.completion_logprobs(params, config, prompts, pmask, tokens)[0])
+    def specs(on):
+        def loss(params):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), sharding.sequence_split(on):
+                lp = forward.completion_logprobs(params, config, prompts, pmask, tokens)[0]
+                return jnp.sum(lp)
 
-    specs = _constraints(jax.make_jaxpr(jax.grad(loss))(params).jaxpr, (2, 16, config.hidden_size))
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
+        return _constraints(jaxpr, (2, 16, config.hidden_size))
+
     split = jax.sharding.PartitionSpec(("data", "fsdp"), "tensor", None)
-    assert split in specs, specs
+    assert split in specs(True), specs(True)
+    assert split not in specs(False)  # rl.sequence_parallel off (the default): as before
