@@ -635,7 +635,8 @@ def test_warm_starts_of_two_rewards_of_one_task_get_two_folders(tmp_path):
 
 def test_fingerprint_leaves_out_a_later_field_at_its_default():
     """Rows fingerprinted before sampler_compact_floor, sampler_weights, rl.pack,
-    model.attention, model.lora and objective.bon_anchor(_samples) stay reusable (the hash
+    rl.sequence_parallel, model.attention, model.lora and objective.bon_anchor(_samples)
+    stay reusable (the hash
     without them); setting any changes the hash."""
     import hashlib
 
@@ -647,13 +648,14 @@ def test_fingerprint_leaves_out_a_later_field_at_its_default():
     fields = dataclasses.asdict(cfg)
     del fields["sampler_compact_floor"], fields["rl"]["pack"], fields["model"]["attention"]
     del fields["sampler_weights"], fields["model"]["lora"], fields["objective"]["bon_anchor"]
-    del fields["objective"]["bon_anchor_samples"]
+    del fields["objective"]["bon_anchor_samples"], fields["rl"]["sequence_parallel"]
     before = hashlib.sha256(json.dumps(fields, default=str, sort_keys=True).encode()).hexdigest()
     assert harness.fingerprint(cfg) == before[:16]
     for on in (
         dataclasses.replace(cfg, sampler_compact_floor=4),
         dataclasses.replace(cfg, sampler_weights="tensor"),
         dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, pack=PackMode.GROUP)),
+        dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, sequence_parallel=True)),
         dataclasses.replace(
             cfg, model=dataclasses.replace(cfg.model, attention=AttentionBackend.SPLASH)
         ),
