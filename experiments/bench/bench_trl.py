@@ -17,6 +17,8 @@ the figures are noisy. Without the TRL env it exits non-zero saying how to make 
 char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4, one
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
+--packed: kjax's side runs the packed update and the compacting sampler (rl.pack=GROUP,
+sampler_compact_floor=8; issue 45), TRL's as it is.
 --lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
 the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig); both record their
 trainable parameter count (rank 16 on SmolLM2: 4,884,480 on each side, PEFT's counted in
@@ -90,6 +92,7 @@ from kjax.rl.config import (
     MeanBaseline,
     Objective,
     ObjectiveConfig,
+    PackMode,
     SFTConfig,
 )
 
@@ -122,6 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny model, 8 x 2 x 4, kjax only")
     p.add_argument(
         "--lora", type=int, default=0, help="LoRA rank R on every projection, alpha 2R (0: full)"
+    )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="kjax runs rl.pack=GROUP with sampler_compact_floor=8 (issue 45; TRL as is)",
     )
     args = p.parse_args(argv)
     if args.smoke:
@@ -172,6 +180,10 @@ def config(args):
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=lora))
     if args.prompt_tokens:
         task = dataclasses.replace(task, max_prompt_tokens=args.prompt_tokens)
+    rl = dataclasses.replace(cfg.rl, aggregation=LossAggregation.CONSTANT_NORMALIZER)
+    if args.packed:  # kjax's side only: the packed update and the compacting sampler
+        rl = dataclasses.replace(rl, pack=PackMode.GROUP)
+        cfg = dataclasses.replace(cfg, sampler_compact_floor=8)
     return dataclasses.replace(
         cfg,
         name=f"bench_trl_{args.prompts}x{args.samples}x{args.tokens}",
@@ -180,7 +192,7 @@ def config(args):
         samples=args.samples,
         max_new_tokens=args.tokens,
         objective=ObjectiveConfig(Objective.MEAN, mean_baseline=MeanBaseline.GROUP_MEAN),
-        rl=dataclasses.replace(cfg.rl, aggregation=LossAggregation.CONSTANT_NORMALIZER),
+        rl=rl,
         optimizer=dataclasses.replace(
             cfg.optimizer, total_steps=max(steps, cfg.optimizer.total_steps)
         ),
@@ -254,6 +266,7 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             "S": S,
             "objective": KJAX_OBJECTIVE,
             "lora_rank": cfg.model.lora.rank,
+            "packed": cfg.rl.pack is PackMode.GROUP,  # and sampler_compact_floor 8
             "trainable_params": trainable,
             "dtype": cfg.model.dtype.value,
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -304,7 +317,9 @@ def table(kjax: dict, trl: dict | None) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     mode = f", LoRA r{k['lora_rank']}" if k.get("lora_rank") else ""
-    sides = [("kjax", kjax, k["objective"] + mode, f"XLA ({os.cpu_count()} cores; {k['devices']})")]
+    packed = ", packed + compacting" if k.get("packed") else ""
+    threads = f"XLA ({os.cpu_count()} cores; {k['devices']})"
+    sides = [("kjax", kjax, k["objective"] + mode + packed, threads)]
     if trl is not None:
         sides.append(("TRL", trl, TRL_OBJECTIVE + mode, f"torch {trl['config']['threads']}"))
     for name, r, objective, threads in sides:
