@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from kjax import sampling, sharding
+from kjax import sampler_layout, sampling, sharding
 from kjax.models.config import LlamaConfig
 from kjax.rl.config import TrainConfig
 from kjax.rl.step_config import PackMode
+from kjax.sampler_weights import SamplerWeights
 from kjax.scale import lengths as L
 from kjax.scale.compiled import Compiled
 from kjax.scale.costs import Shape, forward_flops
@@ -62,8 +63,15 @@ class RealPlan:
         )  # fmt: skip
 
     def sampler_seconds(self, serial: bool = False, schedule=None) -> float:
+        """Prefill, the decode steps of `schedule` (default: the compacting sampler's), and
+        the weights' reshard to the sampler's layout, once per rollout as the static plan
+        counts it (every compacted step reads the weights in that layout)."""
         steps = list(schedule or self.schedule)
-        return L.sampler_seconds(self._terms(self.static.prefill), steps, self.step_terms, serial)
+        total = L.sampler_seconds(self._terms(self.static.prefill), steps, self.step_terms, serial)
+        once = self.static.reshard
+        if once is not None:
+            total += once.serial_seconds_on(self.chip) if serial else once.seconds_on(self.chip)
+        return total
 
     @property
     def update_seconds(self) -> float:
@@ -162,10 +170,15 @@ def plan_real(cfg: TrainConfig, c: LlamaConfig, static: Plan, lengths: L.Lengths
     log(f"{label}: packed update compiled in {update.seconds:.0f} s")
     sizes = sampling.compact_sizes(B * N, compact_floor(cfg), static.mesh[0] * static.mesh[1])
     last = static.windows[-1][0]
+    # The compacting sampler reads the weights in the static plan's sampler layout (the
+    # reshard happens once per rollout, before any compaction).
+    rules = sampler_layout.weight_rules(SamplerWeights(static.weights))
+    sampler_params = abstract_params(c, param_dtype(cfg), mesh, rules)
     compact = []
     for r in sorted({sizes[1], sizes[-1]} if len(sizes) > 1 else set(), reverse=True):
         log(f"{label}: compiling the compacted decode step at {r} rows, window {last}")
-        compact.append((r, compile_decode(cfg, c, mesh, params, Shape(r, 1, S, T), last)))
+        step = compile_decode(cfg, c, mesh, sampler_params, Shape(r, 1, S, T), last)
+        compact.append((r, step))
     frozen = int(cfg.rl.needs_old_logprobs) + int(cfg.rl.kl_coef > 0)
     passes = 3 * cfg.rl.epochs + frozen
     prompt = S if lengths.prompt is None else lengths.prompt
