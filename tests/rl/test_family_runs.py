@@ -60,7 +60,11 @@ def _char_tokenizer():
     # Qwen3 (q/k norms and a window) and Mistral (a window on every layer) in the default
     # tier; Qwen2 (biases; ~16 s, its logits are checked against transformers in
     # tests/models) in the slow tier, for the default tier's 15-minute budget.
-    ["qwen3", pytest.param("qwen2", marks=pytest.mark.slow), "mistral"],
+    [
+        "qwen3",
+        pytest.param("qwen2", marks=pytest.mark.slow),
+        pytest.param("mistral", marks=pytest.mark.slow),  # ~22 s; its logits: tests/models
+    ],
 )
 def test_two_sharded_rl_steps_of_a_family_loaded_from_its_hf_dir(tmp_path, family):
     tokenizer = _char_tokenizer()

@@ -124,6 +124,7 @@ def test_code_verifier_scores_and_tallies_hostile_programs(tmp_path):
     np.testing.assert_allclose(binary.verify([programs], [double]).scores[0], [1, 0, 0, 0, 0])
 
 
+@pytest.mark.slow  # ~61 s on 2 cores (64 sandboxed programs); the verifier tests stay
 def test_code_trains_through_the_sandbox_and_logs_why_programs_fail(tmp_path):
     require_bwrap()
     manual = _code_problems(tmp_path / "m")

@@ -209,6 +209,7 @@ def test_every_benchmark_parses_its_own_arguments(module):
     assert module.parse_args(["--smoke"]).smoke
 
 
+@pytest.mark.slow  # ~18 s on 2 cores: the default tier's 15-minute budget
 def test_seed_axis_grad_smoke_runs_and_its_three_gradients_agree(capsys):
     from experiments.bench import seed_axis_grad
 
