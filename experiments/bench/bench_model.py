@@ -34,8 +34,9 @@ helpers' jobs, load average falling from ~25 to ~12 during the run, this run at 
 probe 29 GFLOP/s (unreliable so loaded); the LoRA forward (more work than the plain one)
 timed 120 vs 107 tok/s, so the load moved these figures by >= 12%. The FLOP bound of this
 ratio (docs/models.md, LoRA): 1.41x at 30 layers, at most 1.5x with free adapters.
-Quiet (2026-12-06, be20838, load <= 2, `--batch=8 --seq=128 --repeats=3 --lora=16`, peak
-194 GFLOP/s): full update 196 tok/s (84% MFU), LoRA 253 tok/s (72%): 1.29x.
+Nothing else running (2026-12-06, be20838, load average falling 3.6 -> 2.0, `--batch=8
+--seq=128 --repeats=3 --lora=16`, peak 194 GFLOP/s): full update 196 tok/s (84% MFU),
+LoRA 253 tok/s (72%): 1.29x.
 """
 
 from __future__ import annotations

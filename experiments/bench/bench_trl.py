@@ -42,8 +42,8 @@ each side. The issue's goal of >= 3x is not met in this run; as TRL's last, leas
 step (70.4 s) shows, the falling load favoured TRL's side, so 1.95x is no upper bound
 either. With the samplers at 1.5-1.8x and kjax's sampler ~45% of its step, a 3x step
 would need kjax's update ~4x TRL+PEFT's (PEFT, too, drops the base's weight gradients).
-Quiet (2026-12-06, be20838, load <= 2, nothing else running, 4 x 8 x 64, --lora 16,
-threads 2): kjax 17.65 s/step (sample 7.58, update 9.99) vs TRL+PEFT 39.79 s (sample
+Nothing else running (2026-12-06, be20838, load average falling 3.6 -> 2.0, 4 x 8 x 64,
+--lora 16, threads 2): kjax 17.65 s/step (sample 7.58, update 9.99) vs TRL+PEFT 39.79 s (sample
 14.35, update 24.94): 2.25x (update 2.50x, sampler 1.89x).
 Measured on the quiet 2-core machine (2026-12-01, nothing else running), TRL at its faster
 thread count (2; 1 thread is slower when the machine is quiet), kjax's prompts fitted to the
