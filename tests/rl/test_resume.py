@@ -41,11 +41,12 @@ LORA = ["--config.model.lora.rank=4", "--config.model.lora.targets=q,v,o,down"]
 @pytest.mark.parametrize(
     "extra",
     [
-        # ~45 s: the synchronous kill -9 resume is in the slow tier; the default tier's
+        # All three are in the slow tier (pytest -m slow), for the default tier's 15-minute
+        # budget: the synchronous kill -9 resume (~45 s; the default tier's
         # tests/test_checkpoint.py kills a synchronous run between steps and during a
-        # save and checks the bitwise resume, and lag2 below covers the pending rollouts.
+        # save and checks the bitwise resume) and lag2's pending rollouts (~32 s).
         pytest.param([], id="sync", marks=pytest.mark.slow),
-        pytest.param(LAGGED, id="lag2"),
+        pytest.param(LAGGED, id="lag2", marks=pytest.mark.slow),
         # ~60 s on 2 cores, over the default tier's budget: LoRA's kill -9 resume is
         # in the slow tier (pytest -m slow).
         pytest.param([*LORA, *LAGGED], id="lora_lag2", marks=pytest.mark.slow),

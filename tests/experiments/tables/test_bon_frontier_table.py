@@ -110,6 +110,7 @@ def test_the_new_config_fields_leave_the_committed_fingerprints_alone():
     assert harness.fingerprint(fixed) != harness.fingerprint(cfg)
 
 
+@pytest.mark.slow  # ~27 s on 2 cores: the default tier's 15-minute budget
 def test_smoke_run_writes_every_arm_and_judges_every_claim(tmp_path):
     assert table_cli.main(frontier.TABLE, ["--workdir", str(tmp_path), "--smoke"]) == 0
     name = frontier.TABLE.name
