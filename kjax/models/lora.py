@@ -316,8 +316,8 @@ def _host_fingerprint(frozen: Params) -> str:
 def same_base(saved: str | None, frozen: Params, current: str) -> bool:
     """Whether a checkpoint's recorded base fingerprint `saved` is the base `frozen`
     (whose fingerprint is `current`); a bare digest is compared the old way."""
-    if saved is None or saved == current:
-        return saved is not None
-    if ":" not in saved:
-        return saved == _host_fingerprint(frozen)
-    return False
+    if saved is None:
+        return False
+    if saved == current:
+        return True
+    return ":" not in saved and saved == _host_fingerprint(frozen)

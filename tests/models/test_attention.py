@@ -149,6 +149,13 @@ def test_a_kernel_refuses_what_it_does_not_implement():
         dataclasses.replace(CONFIG, attention="flash")
 
 
+# The TPU compile tests need libtpu, which `.[tpu]` installs (CI does, before the tests).
+NEEDS_LIBTPU = pytest.mark.skipif(
+    scale.libtpu_missing() is not None,
+    reason="needs the TPU compiler: pip install -e '.[tpu]' (CI installs it)",
+)
+
+
 def _splash_update_inputs(fsdp: int, tensor: int):
     """(model config, TrainConfig, mesh, abstract state, abstract batch) of a tiny RL update
     with attention=splash (4 query heads, 2 kv heads) on a v5e:2x2 mesh 1 x fsdp x tensor."""
@@ -172,7 +179,7 @@ def _splash_update_inputs(fsdp: int, tensor: int):
     return c, cfg, mesh, state, scale.abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
 
 
-@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
+@NEEDS_LIBTPU
 def test_update_with_splash_compiles_for_v5e_2x2():
     """kjax's RL update with attention=splash, compiled by the TPU compiler for fsdp 2 x
     tensor 2: the forward kernel and both backward kernels are in the program, each on
@@ -237,7 +244,7 @@ def test_kv_weights_repeated_to_query_heads_only_where_tensor_cannot_split_them(
 
 
 @SLOW  # two TPU compiles: 17 s at load average 4 on 2 cores, 142 s at 20
-@pytest.mark.skipif(scale.libtpu_missing() is not None, reason="no TPU compiler (libtpu)")
+@NEEDS_LIBTPU
 def test_update_computes_one_kv_head_per_chip_where_tensor_exceeds_the_kv_heads(monkeypatch):
     """kjax's RL update with splash, 4 query heads and 2 kv heads, compiled for tensor 4
     (v5e:2x2, mesh 1x1x4). With the kv weights repeated to the query heads
