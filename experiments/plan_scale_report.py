@@ -184,9 +184,11 @@ TABLE_HEADER = (
 
 def table_row(s: dict) -> str:
     """One docs/scale.md row of a --out summary (every figure compiled, not run). A
-    summary written before the ICI term reads "-" there and says its count."""
+    summary written before the ICI term reads "-" there and says its count; one compiled
+    with `rl.sequence_parallel` says "residual split" after its mesh."""
     preset = s["config"].rpartition(":")[2]
     mesh = "x".join(str(x) for x in s["mesh"])
+    split = ", residual split" if s.get("stream_split") else ""  # rl.sequence_parallel on
     if "update_ici_seconds" in s:
         terms = (
             f"{s['update_compute_seconds']:.1f} / {s['update_hbm_seconds']:.1f} / "
@@ -197,7 +199,7 @@ def table_row(s: dict) -> str:
         terms, serial = "-", "-"
     how = f"{s.get('count', OLD_COUNT)}; {s.get('calibration', CALIBRATION)}"
     return (
-        f"| {s['model']} | {preset} | {s['topology']} | {mesh} x {s['microbatches']} "
+        f"| {s['model']} | {preset} | {s['topology']} | {mesh} x {s['microbatches']}{split} "
         f"| {s['peak_bytes'] / GiB:.1f} of {s['hbm_bytes'] / GiB:.0f} | "
         f"{'yes' if s['fits'] else 'no'} | {s['update_flops_ratio']:.2f} | "
         f"{s['step_seconds']:.1f} | {s['tokens_per_s_per_chip']:,.0f} | {s['update_mfu']:.1%} "
