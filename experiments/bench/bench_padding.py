@@ -37,10 +37,12 @@ model and load average.
 fewer rows than that is mostly reading the weights (0.54 GB of float32 a step), so halving
 below 8 rows saves little, while each further size adds one more copy of the decode loops
 to compile. 0: the packed arm packs the update only and samples with the static sampler.
---smoke (seconds; the default test tier runs it with --compact_floor 0, the slow tier as
-is): tiny_arith at 8 x 4 x 16, one warm-up and one timed step. smollm2 needs ~8.5 GB of RAM
-(two train states at a step). Figures: docs/performance.md. A benchmark, not a test: on a
-shared CPU the figures are noisy.
+--smoke (seconds; the default test tier runs it with --compact_floor 0 --pack batch, the
+slow tier with --pack group,batch): tiny_arith at 8 x 4 x 16, one warm-up and one timed
+step. smollm2 needs ~8.5 GB of RAM (two train states at a step), ~1.6 GB more with both
+packed arms (a third state, params and Adam moments in float32, while the first packed arm
+steps). Figures: docs/performance.md. A benchmark, not a test: on a shared CPU the figures
+are noisy.
 """
 
 from __future__ import annotations
