@@ -255,12 +255,16 @@ def test_loss_fn_with_batch_packing_equals_padded_on_one_device(name):
     _loss_fn_pair(name)
 
 
-@pytest.mark.slow  # ~20 s, as test_packing's GROUP step
-def test_batch_packed_ppo_step_equals_padded_step_on_a_mesh():
-    """Epochs x minibatches on a 2-device mesh (2 shards of each minibatch), old and
-    reference log-probs batch-packed too: the same parameters after the step."""
-    cfg = StepConfig(loss=PolicyLoss.PPO, epochs=2, minibatches=2, kl_coef=0.1,
-                     entropy_coef=0.05, lag_correction=LagCorrection.NONE,
+@pytest.mark.slow  # ~30-50 s each under load, as test_packing's GROUP step
+@pytest.mark.parametrize("minibatches, microbatches", [(2, 1), (2, 2)])
+def test_batch_packed_ppo_step_equals_padded_step_on_a_mesh(minibatches, microbatches):
+    """Epochs x minibatches (x microbatches) on a 2-device mesh, old and reference
+    log-probs batch-packed too: the same parameters after the step. (2, 1): each
+    minibatch's 2 groups on 2 shards; (2, 2): a microbatch of 1 group, which 2 shards do
+    not divide, packed as one shard (layout_shards)."""
+    cfg = StepConfig(loss=PolicyLoss.PPO, epochs=2, minibatches=minibatches,
+                     microbatches=microbatches, kl_coef=0.1, entropy_coef=0.05,
+                     lag_correction=LagCorrection.NONE,
                      offpolicy_max_at_k=OffPolicyMaxAtK.OFF)  # fmt: skip
     batch = _uneven_batch()
     m, opt = mesh(2), optax.sgd(0.05)
@@ -270,7 +274,8 @@ def test_batch_packed_ppo_step_equals_padded_step_on_a_mesh():
         step = make_train_step(CONFIG, dataclasses.replace(cfg, pack=mode), opt, m,
                                shardings_of(state))  # fmt: skip
         if mode is PackMode.BATCH:
-            # Minibatch 0: groups 0, 2 (4 + 3 rows), one per shard; minibatch 1: 1 + 2.
+            # Groups need 4, 1, 3, 2 rows. (2, 1): minibatch 0 is groups 0, 2 (4 and 3
+            # rows), one per shard; minibatch 1 is 1, 3. (2, 2): one group per microbatch.
             assert isinstance(step, batch_packing.BatchPackedStep)
             assert step.rows_of(batch) == 4 and step.total(batch) == 4
         out[mode] = step(state, batch, tiny_params(1), np.int32(2))
