@@ -21,7 +21,9 @@ the chip first, and ranks all by projected step time. --lengths=mean=0.4[,tail=0
 (or a histogram, or a run's metrics.jsonl: kjax.scale.lengths.parse) also compiles, per
 mesh, the packed update at the rows that distribution needs and the compacting sampler's
 decode step at smaller live batches, and prints real tokens/s/chip and MFU on real tokens
-beside the static figure (kjax.scale.real). --calibrate: kjax's plain
+beside the static figure (kjax.scale.real); --pack=batch packs that update with rows
+counted per batch shard (rl.pack=BATCH, kjax.rl.batch_packing) instead of per group
+(GROUP, the default). --calibrate: kjax's plain
 pre-training step of the model (kjax.scale.calibration; default mesh: fsdp over every
 chip) instead of the RL step. Every figure is compiled, not run.
 """
@@ -130,6 +132,12 @@ def parse(argv: list[str]):
         default="",
         help="completion lengths for a real-token projection: mean=F[,tail=F][,top=F]"
         "[,prompt=N], mean_tokens=N, hist=E:W/E:W, or a run's metrics.jsonl",
+    )
+    parser.add_argument(
+        "--pack",
+        default="group",
+        choices=("group", "batch"),
+        help="with --lengths: the packed update's rl.pack (rows per group or per batch shard)",
     )
     parser.add_argument("--out", default="", help="JSON of every plan")
     args, rest = parser.parse_known_args(argv)
@@ -252,10 +260,12 @@ def main(argv: list[str] | None = None) -> int:
             found.append(p)
             print(report(p), flush=True)
             if lengths is not None:
+                from kjax.rl.step_config import PackMode
                 from kjax.scale import real
 
                 try:
-                    reals[id(p)] = real.plan_real(cfg, c, p, lengths, log=log)
+                    pack = PackMode(args.pack)
+                    reals[id(p)] = real.plan_real(cfg, c, p, lengths, pack=pack, log=log)
                 except ValueError as e:
                     log(f"{topology} mesh {sizes} micro {m}: real tokens skipped ({e})")
                     continue

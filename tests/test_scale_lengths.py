@@ -110,6 +110,30 @@ def test_rows_needed_and_bucket_are_the_packings():
         assert L.packed_rows(needed, N) == packing.bucket(needed, N)
 
 
+def test_batch_rows_are_the_batch_packed_steps():
+    """The planner's rl.pack=BATCH rows (kjax.scale.real.batch_rows from the lengths) are
+    what BatchPackedStep sizes from the mask, for microbatches and shards."""
+    from types import SimpleNamespace
+
+    import jax.numpy as jnp
+
+    from kjax.rl import batch_packing
+    from kjax.scale import real
+
+    rng = np.random.default_rng(2)
+    for B, N, T, chunks, shards in [(12, 8, 32, 1, 1), (12, 8, 32, 2, 3), (8, 5, 7, 4, 4)]:
+        lengths = rng.integers(0, T + 1, size=(B, N))
+        mask = jnp.asarray(np.arange(T) < lengths[..., None])
+        used = L.group_rows(lengths, T)
+        np.testing.assert_array_equal(used, batch_packing.group_rows(mask))
+        step = batch_packing.BatchPackedStep(None, chunks, shards)
+        batch = SimpleNamespace(tokens=mask, mask=mask)
+        needed, rows, total = real.batch_rows(used, chunks, B, N, shards)
+        assert rows == step.rows_of(batch) and needed <= rows <= step.total(batch)
+        P = batch_packing.layout_shards(B // chunks, shards)
+        assert total == chunks * P * rows
+
+
 def test_decode_schedule_counts_the_samplers_row_steps():
     """The schedule's rows x steps is kjax.sampling.decode_row_steps' run count, for the
     static sampler and the compacting one, and its steps fall in the sampler's phases."""
@@ -166,6 +190,42 @@ def test_real_flops_at_the_cap_are_the_static_count():
     short[0, 0] = T - 1
     per_token = 2 * (L.matmul_params(c) + 64 * 128) + 4 * 4 * 16 * 3 * (S + 2 * T - 1)
     assert L.real_forward_flops(c, S, full) - L.real_forward_flops(c, S, short) == per_token
+
+
+@pytest.mark.slow
+def test_tiny_real_plan_with_batch_packing_compiles_for_a_tpu_topology():
+    """The same plan with rl.pack=BATCH: R per batch shard (4 shards of 2 groups here) at
+    the packed update's analytic FLOPs for the rows it runs."""
+    import dataclasses
+    import sys
+
+    from kjax import scale
+    from kjax.rl import batch_packing
+    from kjax.rl.step_config import PackMode
+    from kjax.scale import real
+
+    if scale.libtpu_missing() is not None:
+        pytest.skip(scale.libtpu_missing())
+    sys.path.insert(0, "tests")
+    from test_scale import CFG, CONFIG
+
+    cfg = dataclasses.replace(CFG, max_new_tokens=16, samples=8)
+    p = scale.plan(cfg, CONFIG, "v5e:2x2", (1, 4, 1), microbatches=1)
+    lz = L.parse("mean=0.4,tail=0.1", 16)
+    rp = real.plan_real(cfg, CONFIG, p, lz, pack=PackMode.BATCH)
+    tokens = lz.tokens(8, 8, 16)
+    needed = batch_packing.shard_rows(L.group_rows(tokens, 16), 1, 4)
+    assert (rp.pack, rp.rows_of, rp.rows_needed) == ("batch", 16, needed)
+    assert rp.rows == batch_packing.bucket(needed, 16) and rp.total_rows == 4 * rp.rows
+    assert rp.total_rows <= 8 * L.packed_rows(L.rows_needed(tokens, 16), 8)  # GROUP: 32
+    assert rp.update_flops_ratio == pytest.approx(1.0, rel=0.02)
+    assert "rl.pack=BATCH" in real.report(rp)
+    assert "per shard" in real.table_row({**_summary_stub(), "real": real.summary(rp)})
+
+
+def _summary_stub() -> dict:
+    return {"model": "tiny", "config": "c:p", "topology": "v5e:2x2", "mesh": [1, 4, 1],
+            "microbatches": 1, "shape": {"N": 8}, "hbm_bytes": 16 << 30}  # fmt: skip
 
 
 @pytest.mark.slow

@@ -118,16 +118,22 @@ class LagCorrection(enum.Enum):
 
 
 class PackMode(enum.Enum):
-    """How the update lays out completions (kjax.rl.packing). Both give the same loss and
+    """How the update lays out completions (kjax.rl.packing). All give the same loss and
     gradients to float rounding.
       OFF    every completion padded to T: the forward and backward run on all B x N x T.
       GROUP  each group's completions packed end to end into R <= N rows of T (R from
              {N/4, N/2, 3N/4, N}, chosen per step from the mask), the prompt still once per
-             group: no compute on padding beyond the last row's tail and the bucket.
+             group: no compute on padding beyond the last row's tail and the bucket. One R
+             serves every group: the fullest group's.
+      BATCH  each group packed as in GROUP into the R_g rows it needs, and the rows of the
+             G groups of each batch shard laid end to end (kjax.rl.batch_packing): a
+             shard runs sum_g R_g rows (the largest shard's, rounded up to eighths of
+             G*N), each row attending its own group's prompt, still run once per group.
     """
 
     OFF = "off"
     GROUP = "group"
+    BATCH = "batch"
 
 
 @dataclasses.dataclass(frozen=True)

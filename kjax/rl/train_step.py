@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from kjax import sharding
 from kjax.models import lora
 from kjax.models.config import LlamaConfig
-from kjax.rl import forward, losses, packing
+from kjax.rl import batch_packing, forward, losses, packing
 from kjax.rl.step_config import (
     LagCorrection,
     OffPolicyMaxAtK,
@@ -152,7 +152,8 @@ def loss_fn(
       dtype: the model's compute dtype.
       temperature: static float > 0, the rollouts' sampling temperature.
       pack_rows: static R: the forward runs on the completions packed into R rows per
-        group (kjax.rl.packing; the same loss to float rounding); None: padded.
+        group (kjax.rl.packing), or with cfg.pack=BATCH into R rows per batch shard
+        (kjax.rl.batch_packing); the same loss to float rounding. None: padded.
 
     Returns:
       (loss [] float32, metrics: dict of [] float32, the losses' metrics plus "loss").
@@ -162,6 +163,7 @@ def loss_fn(
         model_config,
         batch,
         pack_rows,
+        cfg.pack,
         dtype=dtype,
         with_entropy=cfg.entropy_coef > 0,
         temperature=float(temperature),
@@ -179,13 +181,18 @@ def loss_fn(
     )
 
 
-def _token_stats(params, model_config, batch: RLBatch, pack_rows: int | None, **kw):
-    """TokenStats [B,N,T] of batch.tokens: padded (pack_rows None) or packed in R rows."""
+def _token_stats(params, model_config, batch: RLBatch, pack_rows: int | None,
+                 pack: PackMode, **kw):  # fmt: skip
+    """TokenStats [B,N,T] of batch.tokens: padded (pack_rows None) or packed in R rows
+    (per batch shard with pack BATCH, else per group)."""
     if pack_rows is None:
         return forward.completion_logprobs(
             params, model_config, batch.prompts, batch.prompt_mask, batch.tokens, **kw
         )
-    return packing.packed_logprobs(
+    packed_logprobs = (
+        batch_packing.packed_logprobs if pack is PackMode.BATCH else packing.packed_logprobs
+    )
+    return packed_logprobs(
         params,
         model_config,
         batch.prompts,
@@ -351,6 +358,8 @@ def make_train_step(
     which reads the batch's mask to pick the packed rows R per group (a static argument
     of the jitted step, one compilation per bucket) and runs every forward (update, old
     and reference log-probs) on the packed completions: the same update to float rounding.
+    With cfg.pack=BATCH it is a kjax.rl.batch_packing.BatchPackedStep: R rows per batch
+    shard of each microbatch, the groups' rows end to end (the same update again).
     """
     if cfg.lag_correction is LagCorrection.EXACT:
         pass  # reweight is None exactly for MEAN (kjax.rl.objective.offpolicy_reweighter)
@@ -380,7 +389,7 @@ def make_train_step(
 
         def chunk_logprobs(b):
             return _token_stats(
-                params, model_config, b, rows, dtype=dtype, temperature=temperature
+                params, model_config, b, rows, cfg.pack, dtype=dtype, temperature=temperature
             ).logprobs
 
         out = jax.lax.map(chunk_logprobs, _split(batch, chunks, split_spec))
@@ -461,7 +470,12 @@ def make_train_step(
         static_argnums=(4,),  # rows (pjit refuses keyword arguments)
         donate_argnums=(0,),
     )
-    # rl.pack=GROUP: R packed rows per group, sized per call from the batch's mask.
+    # rl.pack=GROUP: R packed rows per group, sized per call from the batch's mask;
+    # BATCH: R rows per batch shard of a microbatch, from the same mask.
+    if cfg.pack is PackMode.BATCH:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            shards = sharding.batch_shards()  # as the traced step sees it
+        return batch_packing.BatchPackedStep(jitted, chunks, shards)
     return packing.PackedStep(jitted) if cfg.pack is PackMode.GROUP else jitted
 
 

@@ -160,7 +160,8 @@ class _AtRows:
 def compile_update(cfg: TrainConfig, c: LlamaConfig, mesh: Mesh, state, shape: Shape,
                    rows: int | None = None) -> Compiled:  # fmt: skip
     """The trainer's jitted RL update (step_and_sampler's), compiled for `mesh`; with
-    `rows` (cfg.rl.pack=GROUP) the packed update at R = rows per group."""
+    `rows` the packed update at R = rows per group (cfg.rl.pack=GROUP) or per batch shard
+    of a microbatch (BATCH)."""
     step_fn, _ = step_and_sampler(cfg, c, mesh, state, _Stops(c.eos_ids))
     batch = abstract_batch(shape.B, shape.N, shape.S, shape.T, mesh)
     ref = state.params if cfg.rl.kl_coef > 0 else None

@@ -1,15 +1,19 @@
 """The RL step on real tokens: a static Plan's mesh compiled again as kjax runs a step
 whose completions have a length distribution (kjax.scale.lengths): the packed update
-(rl.pack=GROUP) at the rows R those lengths need, and the compacting sampler's decode
-step at the smaller live batch sizes. Every figure compiled, not run."""
+(rl.pack=GROUP, R rows per group; or BATCH, R rows per batch shard of each microbatch,
+kjax.rl.batch_packing) at the rows R those lengths need, and the compacting sampler's
+decode step at the smaller live batch sizes. Every figure compiled, not run."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 
+import jax
+
 from kjax import sampler_layout, sampling, sharding
 from kjax.models.config import LlamaConfig
+from kjax.rl import batch_packing
 from kjax.rl.config import TrainConfig
 from kjax.rl.step_config import PackMode
 from kjax.sampler_weights import SamplerWeights
@@ -45,6 +49,9 @@ class RealPlan:
     update_model_flops: float  # the packed update's analytic FLOPs (R rows of T), all chips
     real_model_flops: float  # the update's analytic FLOPs on the real tokens, all chips
     real_tokens: float  # prompt + completion tokens of the step's B x N samples
+    pack: str = "group"  # rl.pack of the packed update: "group" or "batch"
+    rows_of: int = 0  # what R counts out of: N per group (GROUP), G*N per shard (BATCH)
+    total_rows: int = 0  # completion rows the update runs over the batch (B R; M P R)
 
     @property
     def chip(self):
@@ -144,12 +151,32 @@ def compact_floor(cfg: TrainConfig) -> int:
     return cfg.sampler_compact_floor or 1
 
 
+def batch_rows(used, chunks: int, groups: int, n: int, shards: int) -> tuple[int, int, int]:
+    """rl.pack=BATCH's (rows needed, R, total rows) for groups needing used [B] rows each,
+    as kjax.rl.batch_packing.BatchPackedStep sizes them: `chunks` = minibatches x
+    microbatches, each of B / chunks groups over `shards` batch shards; R the bucket of
+    the fullest shard's sum; total = chunks x shards used x R rows of T."""
+    micro = groups // chunks
+    P = batch_packing.layout_shards(micro, shards)
+    needed = batch_packing.shard_rows(used, chunks, shards)
+    rows = batch_packing.bucket(needed, micro // P * n)
+    return needed, rows, chunks * P * rows
+
+
+def packed_forward_flops(c: LlamaConfig, B: int, S: int, T: int, total_rows: int) -> float:
+    """forward_flops of B prompts and `total_rows` completion rows of T, however the rows
+    are spread over the groups (forward_flops is affine in B N at fixed B)."""
+    per_row = forward_flops(c, Shape(1, 1, S, T)) - forward_flops(c, Shape(1, 0, S, T))
+    return forward_flops(c, Shape(B, 0, S, T)) + total_rows * per_row
+
+
 def plan_real(cfg: TrainConfig, c: LlamaConfig, static: Plan, lengths: L.Lengths, *,
-              devices=None, seed: int = 0,
+              devices=None, seed: int = 0, pack: PackMode = PackMode.GROUP,
               log: Callable[[str], None] = lambda _: None) -> RealPlan:  # fmt: skip
-    """Compiles, on the static plan's mesh, the packed update at the rows `lengths` needs
-    and the compacting sampler's decode step at its second and smallest batch sizes, and
-    returns the RealPlan (one step of lengths: `lengths.tokens(B, N, T, seed)`)."""
+    """Compiles, on the static plan's mesh, the packed update (rl.pack = `pack`, GROUP or
+    BATCH) at the rows `lengths` needs and the compacting sampler's decode step at its
+    second and smallest batch sizes, and returns the RealPlan (one step of lengths:
+    `lengths.tokens(B, N, T, seed)`)."""
     from kjax.rl.optim import make_optimizer
     from kjax.scale.chips import topology_devices
 
@@ -157,15 +184,26 @@ def plan_real(cfg: TrainConfig, c: LlamaConfig, static: Plan, lengths: L.Lengths
     B, N, S, T = shape.B, shape.N, shape.S, shape.T
     devices = topology_devices(static.topology) if devices is None else devices
     mesh = sharding.make_mesh(*static.mesh, devices=devices)
-    rl = dataclasses.replace(cfg.rl, microbatches=static.microbatches, pack=PackMode.GROUP)
+    if pack not in (PackMode.GROUP, PackMode.BATCH):
+        raise ValueError(f"plan_real: pack must be GROUP or BATCH; got {pack!r}.")
+    rl = dataclasses.replace(cfg.rl, microbatches=static.microbatches, pack=pack)
     cfg = dataclasses.replace(cfg, rl=rl)
     tokens = lengths.tokens(B, N, T, seed)
-    needed = L.rows_needed(tokens, T)
-    rows = L.packed_rows(needed, N)
+    if pack is PackMode.BATCH:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            shards = sharding.batch_shards()  # as the traced update sees it
+        chunks = rl.minibatches * rl.microbatches
+        needed, rows, total_rows = batch_rows(L.group_rows(tokens, T), chunks, B, N, shards)
+        micro = B // chunks
+        rows_of, per = micro // batch_packing.layout_shards(micro, shards) * N, "batch shard"
+    else:
+        needed = L.rows_needed(tokens, T)
+        rows = L.packed_rows(needed, N)
+        rows_of, total_rows, per = N, B * rows, "group"
     params = abstract_params(c, param_dtype(cfg), mesh)
     state = abstract_state(params, make_optimizer(cfg.optimizer), mesh)
     label = f"{static.topology} mesh {'x'.join(map(str, static.mesh))} real tokens"
-    log(f"{label}: compiling the packed update at R={rows} rows per group (needs {needed})")
+    log(f"{label}: compiling the packed update at R={rows} rows per {per} (needs {needed})")
     update = compile_update(cfg, c, mesh, state, shape, rows=rows)
     log(f"{label}: packed update compiled in {update.seconds:.0f} s")
     sizes = sampling.compact_sizes(B * N, compact_floor(cfg), static.mesh[0] * static.mesh[1])
@@ -196,9 +234,12 @@ def plan_real(cfg: TrainConfig, c: LlamaConfig, static: Plan, lengths: L.Lengths
         compact=tuple(compact),
         schedule=tuple(L.decode_schedule(tokens, tuple(sizes), phases)),
         static_schedule=tuple(L.decode_schedule(tokens, (B * N,), phases)),
-        update_model_flops=passes * forward_flops(c, Shape(B, rows, S, T)),
+        update_model_flops=passes * packed_forward_flops(c, B, S, T, total_rows),
         real_model_flops=passes * L.real_forward_flops(c, S, tokens),
         real_tokens=float(B * N * prompt + tokens.sum()),
+        pack=pack.value,
+        rows_of=rows_of,
+        total_rows=total_rows,
     )
 
 
@@ -212,6 +253,9 @@ def summary(rp: RealPlan) -> dict:
         "rows_needed": rp.rows_needed,
         "rows_mean": rp.rows_mean,
         "rows": rp.rows,
+        "pack": rp.pack,
+        "rows_of": rp.rows_of,
+        "total_rows": rp.total_rows,
         "update": dataclasses.asdict(rp.update),
         "update_model_flops": rp.update_model_flops,
         "update_flops_ratio": rp.update_flops_ratio,
@@ -249,14 +293,24 @@ def report(rp: RealPlan) -> str:
     B, N, S, T = p.shape.B, p.shape.N, p.shape.S, p.shape.T
     u = rp.update
     GiB = 1 << 30
+    if rp.pack == "batch":
+        packed = (
+            f"    packed update (rl.pack=BATCH): R = {rp.rows} rows per batch shard of a "
+            f"microbatch (the fullest shard needs {rp.rows_needed} of G N = {rp.rows_of}; "
+            f"{rp.total_rows} rows in all, the groups {rp.rows_mean:.1f} each on average); "
+        )
+    else:
+        packed = (
+            f"    packed update (rl.pack=GROUP): R = {rp.rows} rows per group (the fullest "
+            f"group needs {rp.rows_needed} of N = {N}, the mean group {rp.rows_mean:.1f}); "
+        )
     lines = [
         f"  real tokens  [compiled, not run]: {rp.lengths.describe(T)}",
         f"    this step's lengths: mean {rp.mean_tokens:,.0f} of T={T}, longest {rp.longest}; "
         f"{rp.real_tokens:,.0f} real tokens (B N x (prompt + completion)) of "
         f"{B * N * (S + T):,} counted static",
-        f"    packed update (rl.pack=GROUP): R = {rp.rows} rows per group (the fullest group "
-        f"needs {rp.rows_needed} of N = {N}, the mean group {rp.rows_mean:.1f}); FLOPs "
-        f"{rp.update_flops_ratio:.2f}x its analytic count; peak {u.peak_bytes / GiB:.1f} GiB; "
+        packed + f"FLOPs {rp.update_flops_ratio:.2f}x its analytic count; peak "
+        f"{u.peak_bytes / GiB:.1f} GiB; "
         "compute / HBM / ICI "
         f"{u.compute_seconds(chip):.2f} / {u.hbm_seconds(chip):.2f} / "
         f"{u.ici_seconds(chip):.2f} s -> {rp.update_seconds:.2f} s (padded "
@@ -304,6 +358,8 @@ def table_row(s: dict) -> str:
     r = s["real"]
     mesh = "x".join(str(x) for x in s["mesh"])
     n = s["shape"]["N"]
+    if r.get("pack", "group") == "batch":  # R per batch shard of a microbatch
+        n = f"{r['rows_of']} per shard"
     return (
         f"| {s['model']} | {s['config'].rpartition(':')[2]} | {s['topology']} | {mesh} x "
         f"{s['microbatches']} | {r['lengths']['mean']:.3f} ({r['mean_tokens']:,.0f} tokens), "

@@ -228,18 +228,22 @@ def _padding_smoke(tmp_path, *flags) -> dict:
     (shape,) = result["shapes"]
     warm, timed = shape["steps"]
     assert not warm["timed"] and timed["timed"]
+    buckets = {"packed": shape["buckets"], "packed_batch": shape["batch_buckets"]}
     for step in shape["steps"]:
-        # Same state, prompts and key: the compacting sampler draws the static one's tokens,
-        # so both updates see one batch and compute one loss and gradient norm.
-        assert step["same_tokens"]
-        padded, packed = step["padded"], step["packed"]
-        assert step["loss_diff"] <= 1e-5 * max(1.0, abs(padded["loss"]))
-        assert step["grad_norm_diff"] <= 1e-4 * padded["grad_norm"] and padded["grad_norm"] > 0
-        assert padded["rows"] == shape["N"] and packed["rows"] in shape["buckets"]
-        assert padded["real_tokens"] == packed["real_tokens"] > 0
-        assert 0 <= packed["update_padding"] <= padded["update_padding"] < 1
-        assert 0 <= packed["sampler_padding"] <= padded["sampler_padding"] < 1
-    for arm in bench_padding.ARMS:
+        padded = step["padded"]
+        assert padded["rows"] == shape["N"] and padded["grad_norm"] > 0
+        for arm in shape["arms"][1:]:
+            # Same state, prompts and key: the compacting sampler draws the static one's
+            # tokens, so every update sees one batch and computes one loss and gradient norm.
+            packed = step[arm]
+            assert packed["same_tokens"]
+            assert packed["loss_diff"] <= 1e-5 * max(1.0, abs(padded["loss"]))
+            assert packed["grad_norm_diff"] <= 1e-4 * padded["grad_norm"]
+            assert packed["rows"] in buckets[arm]
+            assert padded["real_tokens"] == packed["real_tokens"] > 0
+            assert 0 <= packed["update_padding"] <= padded["update_padding"] < 1
+            assert 0 <= packed["sampler_padding"] <= padded["sampler_padding"] < 1
+    for arm in shape["arms"]:
         m = shape["summary"][arm]
         assert all(_positive(m[f"{n}_s"]) for n in ("step", "sample", "update"))
     assert timed["padded"]["compile_excluded_s"] == 0  # the padded update compiled in warm-up
@@ -249,17 +253,21 @@ def _padding_smoke(tmp_path, *flags) -> dict:
 def test_bench_padding_smoke_alternates_both_arms_on_the_same_tokens(tmp_path, capsys):
     # --compact_floor 0: the packed arm packs the update only and samples with the padded
     # arm's program (compiled once); the compacting sampler compiles ~5 s more under load,
-    # so that run is the slow test below.
-    shape = _padding_smoke(tmp_path, "--compact_floor", "0")
-    assert shape["compact_sizes"] == [32]
+    # so that run is the slow test below. --pack batch: the rows counted per batch shard
+    # (the GROUP update has bench_rl_step's smoke; both arms together: the slow test).
+    shape = _padding_smoke(tmp_path, "--compact_floor", "0", "--pack", "batch")
+    assert shape["compact_sizes"] == [32] and shape["arms"] == ["padded", "packed_batch"]
+    # 8 groups over the test suite's 8 devices: a shard is one group, rows of its 4.
+    assert shape["batch_buckets"] == [1, 2, 3, 4]
     text = capsys.readouterr().out
     assert len(_table(text, "| step |")) == 2 and len(_table(text, "| arm |")) == 2
 
 
 @pytest.mark.slow
 def test_bench_padding_smoke_with_a_compacting_sampler(tmp_path):
-    shape = _padding_smoke(tmp_path)
+    shape = _padding_smoke(tmp_path, "--pack", "group,batch")
     assert shape["compact_sizes"] == [32, 16, 8]
+    assert shape["arms"] == ["padded", "packed", "packed_batch"]
     # The random-init model's lengths at T = 16 leave fewer than half the rows live at the
     # end of the first step, so the compacting sampler ran fewer row-steps.
     first = shape["steps"][0]
