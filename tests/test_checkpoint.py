@@ -58,6 +58,10 @@ def in_progress(ckdir):
     return ckdir.exists() and any("tmp" in p.name for p in ckdir.iterdir())
 
 
+# In the slow tier (pytest -m slow), for the default tier's 15-minute budget: there the
+# real trainer is killed between steps (tests/rl/test_resume.py, with LoRA) and this toy's
+# full-parameter run mid-save (below), both resumed bitwise.
+@pytest.mark.slow
 def test_kill_between_steps_resumes_bitwise(tmp_path, uninterrupted):
     proc = start(tmp_path, "--steps=24")
     ckdir = tmp_path / "checkpoints"
@@ -84,6 +88,9 @@ def test_kill_during_a_save_never_restores_the_partial_checkpoint(tmp_path, unin
     np.testing.assert_array_equal(np.load(tmp_path / "final_w.npy"), uninterrupted)
 
 
+# In the slow tier, for the same budget: tests/rl/test_loop.py stops the real trainer at
+# a NaN and checks that it keeps the last good checkpoint and that a rerun resumes.
+@pytest.mark.slow
 def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     proc = toy(tmp_path, "--steps=24", "--nan_at=10", check=False)
     assert proc.returncode == 3

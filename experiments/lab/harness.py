@@ -156,8 +156,8 @@ def design(cfg, steps: int, batch: int, samples: int, *, problems: int = 1000, n
 
 def smoke_base(cfg):
     """The --smoke budget: a 1-layer d=32 model, 2 RL steps of 8 x 8, 4 SFT steps, a tiny
-    eval (16 problems x 16 samples), on 150 problems (arithmetic: 1-digit), 16 of them held
-    out for tuning
+    eval (16 problems x 16 samples) at the start and the end only, one checkpoint (the
+    last step), on 150 problems (arithmetic: 1-digit), 16 of them held out for tuning
     (design's shape). Same warm start for every module and seed,
     so tests can share one SFT_DIR. Only Table.smoke_arms train (CI time); the other arms'
     configs are built and validated."""
@@ -170,7 +170,11 @@ def smoke_base(cfg):
     ev = dataclasses.replace(cfg.eval, n_eval=16, problems=16)
     tokens = 4 if small else cfg.max_new_tokens  # a countdown solution needs its length
     cfg = dataclasses.replace(cfg, model=m, task=task, sft=sft, eval=ev, max_new_tokens=tokens)
-    return budget(cfg, 2, 8, 8)
+    cfg = budget(cfg, 2, 8, 8)
+    # budget's mid-run evaluation and checkpoint (at step 1) repeat the end's: CI time
+    ev = dataclasses.replace(cfg.eval, every=cfg.steps)
+    ck = dataclasses.replace(cfg.checkpoint, every=cfg.steps)
+    return dataclasses.replace(cfg, eval=ev, checkpoint=ck)
 
 
 def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Context) -> dict:

@@ -212,6 +212,8 @@ def warm_start(table: Table, seed: int, ctx: Context) -> None:
     parallel with one --sft_dir never train the same warm start twice at the same time."""
     import fcntl
 
+    from kjax.rl.components import warm_start_cached
+
     cfg = harness.with_seed(table.base(seed, ctx.smoke), seed, ctx.sft_dir)
     if not cfg.sft.steps:
         return
@@ -219,6 +221,8 @@ def warm_start(table: Table, seed: int, ctx: Context) -> None:
     ctx.sft_dir.mkdir(parents=True, exist_ok=True)
     with open(ctx.sft_dir / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if warm_start_cached(cfg):  # another table (or worker) built it: nothing to train
+            return
         handle = ctx.workdir / "runs" / "_warm_start" / f"seed{seed}"  # the base config's
         components, _ = harness.open_run(cfg, handle, ctx.log)
         components.close()

@@ -248,18 +248,32 @@ def attach_lora(cfg: TrainConfig, params):
     return lora.attach(params, cfg.model.lora, key)
 
 
+def _sft_identity(cfg: TrainConfig) -> dict:
+    """What a cached SFT warm start is (the cache folder refuses any other)."""
+    seed = cfg.seed if cfg.sft.seed is None else cfg.sft.seed
+    return {
+        "model": to_json(cfg.model),
+        "task": to_json(cfg.task),
+        "sft": {**to_json(cfg.sft), "cache_dir": ""},
+        "seed": seed,
+    }
+
+
+def warm_start_cached(cfg: TrainConfig) -> bool:
+    """Whether cfg.sft.cache_dir already holds cfg's finished SFT warm start (so building
+    a run only to train it would train nothing)."""
+    if not (cfg.sft.steps and cfg.sft.cache_dir):
+        return False
+    return sft.is_cached(cfg.sft.cache_dir, _sft_identity(cfg), cfg.sft.steps)
+
+
 def _warm_start(cfg: TrainConfig, workdir, params, model_config, task, mesh, log):
     """params after the SFT warm start (cached by identity in cfg.sft.cache_dir)."""
     if not cfg.sft.steps:
         return params
     sft_dir = cfg.sft.cache_dir or workdir / "sft"
     seed = cfg.seed if cfg.sft.seed is None else cfg.sft.seed
-    identity = {
-        "model": to_json(cfg.model),
-        "task": to_json(cfg.task),
-        "sft": {**to_json(cfg.sft), "cache_dir": ""},
-        "seed": seed,
-    }
+    identity = _sft_identity(cfg)
     multihost.leader_first("sft", lambda: checkpoint.ensure_workdir(sft_dir, identity, claim=False))
     return sft.warm_start(
         params,

@@ -7,6 +7,9 @@ configuration, so several RL runs (quickstart's mean and pass@k) share one SFT.
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,6 +72,22 @@ def sequences(task, examples, length: int) -> tuple[np.ndarray, np.ndarray, np.n
         attn[r, : len(p) + len(a)] = True
         loss_mask[r, len(p) : len(p) + len(a)] = True
     return tokens, attn, loss_mask
+
+
+def is_cached(cache_dir, identity: dict, steps: int) -> bool:
+    """Whether cache_dir holds the finished warm start of `identity` (claimed: written
+    only once its params were saved at `steps`)."""
+    path = pathlib.Path(cache_dir) / "experiment.json"
+    if not path.exists():
+        return False
+    try:
+        stored = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False  # warm_start names the broken file
+    if stored != json.loads(json.dumps(identity, default=str)):
+        return False
+    ckpt = pathlib.Path(cache_dir) / "params"
+    return ckpt.is_dir() and str(steps) in {p.name for p in ckpt.iterdir()}
 
 
 def warm_start(
