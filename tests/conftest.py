@@ -37,12 +37,14 @@ jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 # idled. Longest first (worker-seconds from `--durations`, 2026-12-01) leaves short files
 # for the end. Within a file, and among the rest, the order is unchanged.
 _LONG_FILES = (
-    "tests/experiments/test_tables.py",  # ~200 s: every table module's --smoke run
+    "tests/experiments/test_tables.py",  # ~140-200 s: every table module's --smoke run
     "tests/rl/test_train_step.py",
     "tests/test_notebooks.py",
+    "tests/experiments/bench/test_bench_smoke.py",  # ~60 s: bench_rl_step, bench_padding
+    "tests/rl/test_resume.py",  # ~40 s: LoRA's kill -9 resume
     "tests/test_checkpoint.py",
     "tests/rl/test_multihost.py",
-    "tests/rl/test_resume.py",
+    "tests/rl/test_batch_packing.py",  # ~20 s: one packed/padded compile pair
     "tests/rl/test_forward.py",
     "tests/test_sampling.py",
 )
