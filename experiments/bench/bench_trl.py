@@ -17,8 +17,9 @@ the figures are noisy. Without the TRL env it exits non-zero saying how to make 
 char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4, one
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
 peer side is skipped with the reason printed).
---packed: kjax's side runs the packed update and the compacting sampler (rl.pack=GROUP,
-sampler_compact_floor=8; issue 45), TRL's as it is.
+--packed[=group|batch]: kjax's side runs the packed update and the compacting sampler
+(rl.pack=GROUP, or BATCH with --packed=batch; sampler_compact_floor=8; issue 45), TRL's as
+it is.
 --lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
 the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig); both record their
 trainable parameter count (rank 16 on SmolLM2: 4,884,480 on each side, PEFT's counted in
@@ -128,8 +129,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--packed",
-        action="store_true",
-        help="kjax runs rl.pack=GROUP with sampler_compact_floor=8 (issue 45; TRL as is)",
+        nargs="?",
+        const="group",
+        default="",
+        choices=["group", "batch"],
+        help="kjax runs rl.pack=GROUP (or =batch: BATCH) with sampler_compact_floor=8 "
+        "(issue 45; TRL as is)",
     )
     args = p.parse_args(argv)
     if args.smoke:
@@ -182,7 +187,7 @@ def config(args):
         task = dataclasses.replace(task, max_prompt_tokens=args.prompt_tokens)
     rl = dataclasses.replace(cfg.rl, aggregation=LossAggregation.CONSTANT_NORMALIZER)
     if args.packed:  # kjax's side only: the packed update and the compacting sampler
-        rl = dataclasses.replace(rl, pack=PackMode.GROUP)
+        rl = dataclasses.replace(rl, pack=PackMode[args.packed.upper()])
         cfg = dataclasses.replace(cfg, sampler_compact_floor=8)
     return dataclasses.replace(
         cfg,
@@ -266,7 +271,8 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             "S": S,
             "objective": KJAX_OBJECTIVE,
             "lora_rank": cfg.model.lora.rank,
-            "packed": cfg.rl.pack is PackMode.GROUP,  # and sampler_compact_floor 8
+            "packed": cfg.rl.pack is not PackMode.OFF,  # and sampler_compact_floor 8
+            "pack": cfg.rl.pack.value,
             "trainable_params": trainable,
             "dtype": cfg.model.dtype.value,
             "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -317,7 +323,7 @@ def table(kjax: dict, trl: dict | None) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     mode = f", LoRA r{k['lora_rank']}" if k.get("lora_rank") else ""
-    packed = ", packed + compacting" if k.get("packed") else ""
+    packed = f", packed ({k.get('pack', 'group')}) + compacting" if k.get("packed") else ""
     threads = f"XLA ({os.cpu_count()} cores; {k['devices']})"
     sides = [("kjax", kjax, k["objective"] + mode + packed, threads)]
     if trl is not None:

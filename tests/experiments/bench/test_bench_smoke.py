@@ -197,6 +197,8 @@ def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path
     assert [r[0] for r in _table(text, "| side |")] == ["kjax"]
     packed = bench_trl.config(bench_trl.parse_args(["--smoke", "--packed", *lora]))
     assert packed.rl.pack.name == "GROUP" and packed.sampler_compact_floor == 8
+    batch = bench_trl.config(bench_trl.parse_args(["--smoke", "--packed=batch", *lora]))
+    assert batch.rl.pack.name == "BATCH" and batch.sampler_compact_floor == 8
     assert not config["packed"]  # the default: today's padded step
 
 
