@@ -119,7 +119,8 @@ def config(shape: str, args: argparse.Namespace) -> TrainConfig:
     if shape == "smollm2":
         cfg = bench_trl.config(
             argparse.Namespace(smoke=False, prompts=4, samples=8, tokens=args.tokens,
-                               steps=args.steps, warmup=args.warmup, lora=0, prompt_tokens=0)
+                               steps=args.steps, warmup=args.warmup, lora=0, prompt_tokens=0,
+                               packed="")
         )  # fmt: skip
     else:
         cfg = pack_update.config(shape, args.tokens, args.smoke)

@@ -274,3 +274,13 @@ def test_bench_padding_smoke_with_a_compacting_sampler(tmp_path):
     # end of the first step, so the compacting sampler ran fewer row-steps.
     first = shape["steps"][0]
     assert first["packed"]["sampler_padding"] < first["padded"]["sampler_padding"]
+
+
+def test_bench_padding_builds_its_smollm2_arm_from_bench_trls_config():
+    """The smollm2 shape (not run by the smokes: it loads the real model) is bench_trl's
+    padded config at 4 x 8 x --tokens; it broke once when bench_trl.config gained an
+    argument (--packed) that bench_padding's namespace did not carry."""
+    args = bench_padding.parse_args(["--tokens=128"])
+    cfg = bench_padding.config("smollm2", args)
+    assert (cfg.batch_prompts, cfg.samples, cfg.max_new_tokens) == (4, 8, 128)
+    assert cfg.rl.pack.name == "OFF" and cfg.sampler_compact_floor == 0
