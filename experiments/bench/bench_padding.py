@@ -117,11 +117,12 @@ def config(shape: str, args: argparse.Namespace) -> TrainConfig:
     as pack_update does (16 x 16, or its smoke's 8 x 4)."""
     steps = args.warmup + args.steps
     if shape == "smollm2":
-        cfg = bench_trl.config(
-            argparse.Namespace(smoke=False, prompts=4, samples=8, tokens=args.tokens,
-                               steps=args.steps, warmup=args.warmup, lora=0, prompt_tokens=0,
-                               packed="")
+        # bench_trl's own parser, so a flag it gains later keeps its default here
+        trl_args = bench_trl.parse_args(
+            ["--prompts=4", "--samples=8", f"--tokens={args.tokens}", f"--steps={args.steps}",
+             f"--warmup={args.warmup}"]
         )  # fmt: skip
+        cfg = bench_trl.config(trl_args)
     else:
         cfg = pack_update.config(shape, args.tokens, args.smoke)
     optimizer = dataclasses.replace(
