@@ -64,8 +64,18 @@ def _assert_rows_equal(got: sampling.Rollouts, ref: sampling.Rollouts, candidate
                                    atol=1e-5)  # fmt: skip
 
 
-@pytest.mark.parametrize("schedule", [(), ((5, N), (17, N))])
-@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.8, 5, 0.9)])
+_SLOW = pytest.mark.slow  # the other two corners of the 2 x 2 grid; each axis is covered
+
+
+@pytest.mark.parametrize(
+    ("schedule", "temperature", "top_k", "top_p"),
+    [
+        ((), 1.0, 0, 1.0),
+        (((5, N), (17, N)), 0.8, 5, 0.9),
+        pytest.param((), 0.8, 5, 0.9, marks=_SLOW),
+        pytest.param(((5, N), (17, N)), 1.0, 0, 1.0, marks=_SLOW),
+    ],
+)
 def test_no_pruning_equals_sample_params(model, schedule, temperature, top_k, top_p):
     key = jax.random.key(3)
     ref = _unpruned(model, key, temperature=temperature, top_k=top_k, top_p=top_p)

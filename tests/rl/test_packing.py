@@ -190,7 +190,16 @@ def _loss_batch():
     return batch._replace(sampler_logprobs=lps[0]), lps[1], lps[2]
 
 
-@pytest.mark.parametrize("name", list(LOSSES))
+# GROUP's two most different cases stay in the default tier; the other four are slow: all
+# six run there through BATCH on two shards (tests/rl/test_batch_packing.py), which packs
+# each group with this module's first-fit.
+_DEFAULT_TIER = ("ppo_token_tis_dual", "pg_lag_exact")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in _DEFAULT_TIER else pytest.param(n, marks=pytest.mark.slow) for n in LOSSES],
+)
 def test_packed_loss_and_gradients_equal_padded(name):
     cfg, objective, first = LOSSES[name]
     batch, old, ref = _loss_batch()
