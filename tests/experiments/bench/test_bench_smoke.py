@@ -161,7 +161,13 @@ def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_pat
     assert len(_table(text, "| shape | B x N, S + T | batch |")) == 1
 
 
-@pytest.mark.parametrize("lora", [[], ["--lora", "2"]], ids=["full", "lora"])
+@pytest.mark.parametrize(
+    # --lora's smoke is slow-tier: LoRA's update, sampler and resume have default-tier tests
+    # (tests/models/test_lora.py, tests/rl/test_lora_update.py, tests/rl/test_resume.py).
+    "lora",
+    [[], pytest.param(["--lora", "2"], marks=pytest.mark.slow)],
+    ids=["full", "lora"],
+)
 def test_bench_trl_smoke_runs_kjax_side_and_records_the_prompts_for_trl(tmp_path, capsys, lora):
     out = tmp_path / "trl.json"
     assert bench_trl.main(["--smoke", "--out", str(out), *lora]) == 0
