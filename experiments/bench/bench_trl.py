@@ -19,7 +19,9 @@ warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, s
 peer side is skipped with the reason printed).
 --packed[=group|batch]: kjax's side runs the packed update and the compacting sampler
 (rl.pack=GROUP, or BATCH with --packed=batch; sampler_compact_floor=8; issue 45), TRL's as
-it is.
+it is. The packed update is compiled for every row count it may meet (BATCH: 8) in the first,
+untimed step (PackedStep.precompile; the JSON records how many and how long), so a timed
+step measures the steady state rather than meeting a new row count and compiling it.
 --lora R: both sides update rank-R adapters (alpha 2R, every projection, dropout 0) on
 the frozen base: kjax's model.lora, TRL's peft_config (PEFT's LoraConfig); both record their
 trainable parameter count (rank 16 on SmolLM2: 4,884,480 on each side, PEFT's counted in
@@ -78,6 +80,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import jax
 import numpy as np
@@ -231,6 +234,20 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
             return out
 
         c = dataclasses.replace(c, sampler=recording_sampler)
+        precompiled = {}
+        if hasattr(c.step_fn, "precompile"):  # packed: every row count's update, up front
+            step_fn = c.step_fn
+
+            def precompiling_step(state, batch, ref_params, k):
+                if not precompiled:  # in the first (untimed) step
+                    t = time.perf_counter()
+                    precompiled["shapes"] = step_fn.precompile(state, batch, ref_params, k)
+                    precompiled["seconds"] = time.perf_counter() - t
+                    print(f"kjax: compiled the packed update for {precompiled['shapes']} row "
+                          f"counts in {precompiled['seconds']:.1f} s", flush=True)  # fmt: skip
+                return step_fn(state, batch, ref_params, k)
+
+            c = dataclasses.replace(c, step_fn=precompiling_step)
         batches = _Recorded(loop.Batches(c.task.train, cfg.batch_prompts, cfg.seed, Position()))
         steps = []
         for i in range(cfg.steps):
@@ -264,6 +281,8 @@ def run_kjax(cfg, warmup: int) -> tuple[dict, list[dict]]:
         "update_s": column("update"),
         "completion_mean_length": [float(np.mean(jax.device_get(x))) for x in lengths[warmup:]],
         "reward_mean": [r["reward_mean"] for r in timed],
+        "precompiled_update_shapes": precompiled.get("shapes", 0),
+        "precompile_s": precompiled.get("seconds", 0.0),
         "config": {
             "B": cfg.batch_prompts,
             "N": cfg.samples,

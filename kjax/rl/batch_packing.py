@@ -291,5 +291,8 @@ class BatchPackedStep(packing.PackedStep):
         needed = shard_rows(group_rows(batch.mask), self.chunks, self.shards)
         return bucket(needed, total)
 
+    def row_counts(self, batch) -> tuple[int, ...]:
+        return buckets(self.total(batch))
+
     def lower(self, state, batch, ref_params, k, rows: int | None = None):
         return self.jitted.lower(state, batch, ref_params, k, rows or self.total(batch))

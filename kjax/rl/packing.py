@@ -255,5 +255,18 @@ class PackedStep:
     def __call__(self, state, batch, ref_params, k):
         return self.jitted(state, batch, ref_params, k, self.rows_of(batch))
 
+    def row_counts(self, batch) -> tuple[int, ...]:
+        """Every row count a batch of this shape may be packed into: the step's shapes."""
+        return buckets(batch.tokens.shape[1])
+
+    def precompile(self, state, batch, ref_params, k) -> int:
+        """Compiles the update for every one of row_counts(batch) now (jit's cache keeps
+        them), so that no later step of this batch shape stops to compile; returns how
+        many. Arguments as __call__'s (arrays or ShapeDtypeStructs); nothing is run."""
+        counts = self.row_counts(batch)
+        for rows in counts:
+            self.jitted.lower(state, batch, ref_params, k, rows).compile()
+        return len(counts)
+
     def lower(self, state, batch, ref_params, k, rows: int | None = None):
         return self.jitted.lower(state, batch, ref_params, k, rows or batch.tokens.shape[1])

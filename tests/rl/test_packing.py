@@ -251,3 +251,49 @@ def test_packed_ppo_step_equals_padded_step():
     assert max(jax.tree.leaves(moved)) > 1e-3
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(old.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [PackMode.GROUP, PackMode.BATCH])
+def test_precompile_leaves_no_row_count_to_compile_later(mode):
+    """PackedStep.precompile compiles the update for every row count a batch of its shape
+    can take (row_counts), so no later call compiles (XLA's compile events are counted):
+    checked on a stand-in update (the packed steps call any jitted (state, batch, ref, k,
+    rows) function; this one is cheap to compile), with batches of every R."""
+    from kjax.rl import batch_packing
+
+    compiles = []
+
+    def listen(event, secs, fun_name="", **kw):  # XLA compiles of the stand-in update
+        if event == "/jax/core/compile/backend_compile_duration" and "stand_in" in fun_name:
+            compiles.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+
+    def stand_in(s, b, ref, k, rows):
+        return s + jnp.sum(b.mask[:, :rows] * b.tokens[:, :rows]) + 0.5 * rows, k
+
+    jitted = jax.jit(stand_in, static_argnums=4)
+    if mode is PackMode.GROUP:
+        step = packing.PackedStep(jitted)
+    else:
+        step = batch_packing.BatchPackedStep(jitted, 1, 2)
+    B, N, T = 4, 4, 6
+    batch = random_batch(B=B, N=N, S=3, T=T, seed=0)
+    counts = step.row_counts(batch)
+    want = packing.buckets(N) if mode is PackMode.GROUP else batch_packing.buckets(B // 2 * N)
+    assert counts == want and len(counts) > 1
+    state, k = jnp.float32(0), np.int32(1)
+    assert step.precompile(state, batch, None, k) == len(counts)
+    assert len(compiles) == len(counts)
+    before, seen = len(compiles), set()
+    for used in range(1, N + 1):  # every group needs `used` rows: R runs over the buckets
+        lengths = np.full((B, N), T)
+        lengths[:, used:] = 0
+        b = batch._replace(mask=jnp.asarray(np.arange(T) < lengths[..., None]))
+        rows = step.rows_of(b)
+        out, _ = step(state, b, None, k)
+        seen.add(rows)
+        host = np.asarray(b.mask)[:, :rows] * np.asarray(b.tokens)[:, :rows]
+        np.testing.assert_allclose(float(out), host.sum() + 0.5 * rows)  # that R's update
+    jax.monitoring.unregister_event_duration_listener(listen)
+    assert len(seen) > 1 and len(compiles) == before  # several R, none compiled again
