@@ -11,8 +11,9 @@ Objective on both sides: mean reward, group-mean baseline, loss / (B N T), no KL
 (kjax MEAN + GROUP_MEAN + CONSTANT_NORMALIZER = TRL dr_grpo + scale_rewards="none",
 beta=0; the derivation and what still differs are in that script's docstring).
 Prints a Markdown table (median step s, its sample/score/update split, TRL / kjax) and
-writes --out JSON. The goal is TRL / kjax >= 2. A benchmark, not a test: on a shared CPU
-the figures are noisy. Without the TRL env it exits non-zero saying how to make one.
+writes --out JSON. The goal is TRL / kjax >= 2.5 (issue 45; 2 before it). A benchmark, not
+a test: on a shared CPU the figures are noisy. Without the TRL env it exits non-zero
+saying how to make one.
 --smoke (seconds; what the default test tier runs so the benchmark cannot rot): the tiny
 char-level model of experiments/configs/tiny_arith.py (random init) at 8 x 2 x 4, one
 warm-up and one timed step, kjax's side only (TRL's needs SmolLM2's tokenizer, so the
@@ -357,7 +358,7 @@ def table(kjax: dict, trl: dict | None) -> str:
     if trl is not None:
         t = trl["config"]
         lines.append(
-            f"\nTRL / kjax step time: {trl['median_s'] / kjax['median_s']:.2f}x (goal >= 2x). "
+            f"\nTRL / kjax step time: {trl['median_s'] / kjax['median_s']:.2f}x (goal >= 2.5x). "
             f"Medians over {len(kjax['steps_s'])} steps after {k['warmup']} warm-up; kjax "
             f"prompts left-padded to S = {k['S']}, TRL's "
             f"{min(t['prompt_tokens'])}-{max(t['prompt_tokens'])} tokens unpadded. Trainable "
