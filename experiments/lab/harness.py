@@ -178,11 +178,17 @@ def smoke_base(cfg):
 
 
 def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Context) -> dict:
-    """One RL run of arm at seed: the first and the last evaluation, and the run's shape."""
+    """One RL run of arm at seed: the first and the last evaluation, and the run's shape.
+    The arms of a seed that start alike share their first evaluation's draw (WORKDIR/RUNS/
+    _start_evals, salted with the checkout's commit; kjax.rl.start_evals)."""
+    from experiments.lab.provenance import git_commit
     from kjax.rl.loop import train_and_evaluate
+    from kjax.rl.start_evals import StartEvals
 
     cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
-    last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False)
+    shared = StartEvals(ctx.workdir / ctx.runs / "_start_evals", salt=git_commit())
+    last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False,
+                              start_evals=shared)  # fmt: skip
     return run_metrics(cfg, run_dir, last)
 
 

@@ -38,6 +38,7 @@ from kjax.rl.rows import (
     step_row,
     token_stats,
 )
+from kjax.rl.start_evals import StartEvals
 from kjax.rl.train_step import RLBatch, TrainState
 
 __all__ = [
@@ -177,14 +178,20 @@ def verify(c: Components, examples: Sequence[dict], tokens: np.ndarray, mask: np
     return Verdicts(*multihost.share_rows(shared, rows, len(examples), sh), local.counts)
 
 
-def evaluate(c: Components, params) -> dict[str, float]:
+def evaluate(c: Components, params, start_evals: StartEvals | None = None) -> dict[str, float]:
     """Held-out metrics {"eval/pass@k", "eval/max@k", "eval/maj@k", ...} at eval.n_eval,
     on the split eval.split names (the test problems, or the validation ones for tuning),
     and "eval/objective": the value of the objective the run trains for at its final k
-    (objective_value), when eval.n_eval samples can serve it."""
+    (objective_value), when eval.n_eval samples can serve it. start_evals (the step-0
+    evaluation only): verdicts another run drew from the same parameters and settings are
+    read back instead of drawn again (kjax.rl.start_evals)."""
     e = c.cfg.eval
-    ro = rollout(c, params, eval_problems(c), eval_key(c), e.n_eval, e.temperature)
-    return eval_metrics(c.cfg, ro.verdicts)
+
+    def draw() -> Verdicts:
+        return rollout(c, params, eval_problems(c), eval_key(c), e.n_eval, e.temperature).verdicts
+
+    verdicts = draw() if start_evals is None else start_evals.verdicts(c.cfg, params, draw)
+    return eval_metrics(c.cfg, verdicts)
 
 
 def eval_key(c: Components) -> jax.Array:
@@ -527,8 +534,17 @@ def save(c: Components, step: int, state: TrainState, batches: Batches, pending,
     c.checkpointer.save(step, {"train": state, "pending": arrays}, meta, force=force)
 
 
-def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool = True) -> dict:
-    """Runs (or resumes) the experiment in workdir; returns the last evaluation's metrics."""
+def train_and_evaluate(
+    cfg: TrainConfig,
+    workdir,
+    *,
+    log=print,
+    progress: bool = True,
+    start_evals: StartEvals | None = None,
+) -> dict:
+    """Runs (or resumes) the experiment in workdir; returns the last evaluation's metrics.
+    start_evals: where runs share their step-0 evaluation (kjax.rl.start_evals; None: each
+    run draws its own)."""
     c, state = build_components(cfg, workdir, log)
     cfg = c.cfg
     bar = None
@@ -538,7 +554,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir, *, log=print, progress: bool =
         batches = Batches(c.task.train, cfg.batch_prompts, cfg.seed, position)
         last_eval = {}
         if start == 0:
-            last_eval = evaluate(c, state.params)
+            last_eval = evaluate(c, state.params, start_evals)
             c.metrics.write({"step": 0, **last_eval})
         lag = cfg.rl.policy_lag
         if lag and start == 0:  # the first lag steps' rollouts come from the initial params
