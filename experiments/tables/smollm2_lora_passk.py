@@ -36,11 +36,15 @@ tuned ones: a predictor of the table's, not the table's own (the power tool's ca
 pilot run whose config equals a table run's (an arm whose tuned rate is PILOT_LR) can be
 taken over with --reuse_runs=DIR/pilot. No claim is judged from the pilot.
 
-Compute (a projection from step times measured under load, not a run of this table;
-docs/performance.md): at this shape a LoRA RL step (sample 64 x 32 tokens, verify, update)
-is ~15-25 s and one evaluation (PROBLEMS x N_EVAL = 3200 samples) ~5-8 min on the 2-core
-CPU, so one run is ~20-30 min: the pilot (6 runs) ~2-3 h, the tuning grid (12 runs) ~4-6 h,
-and S seeds (2S runs) ~S x 1 h, i.e. ~1 day of CPU at 20 seeds, over several sessions.
+Compute. Projected first from step times measured under load; then measured in the pilot
+(2026-12-06, this 2-core AMD EPYC, the pilot alone on it): a LoRA RL step (sample 64 x 32
+tokens, verify, update) 16-18 s, one evaluation (PROBLEMS x N_EVAL = 3200 samples) about
+5-6 min (6 min 13 s with a test run beside it), so one run is about 20-25 min. The arms of
+a seed share its start evaluation (kjax.rl.start_evals; their start metrics were equal in
+the pilot), so a seed of both arms is about 40-45 min: the pilot (6 runs) ~2 h, the tuning
+grid (12 runs, 6 per tuning seed sharing one start) ~4 h, and S seeds ~S x 0.75 h, i.e.
+~20 h of CPU at 20 seeds, over several sessions (the figures on the page will be the
+runs' own, from their metrics).
 experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
 Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
 (2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
@@ -126,7 +130,7 @@ BUDGET = (
     f"{LEARNING_RATES} (tuning seeds 1000-1001, validation split); eval {PROBLEMS} held-out "
     f"2-digit problems x {N_EVAL} samples (unbiased pass@1, pass@8). Seeds from the pilot "
     f"(--pilot: {PILOT_SEEDS} seeds at lr {PILOT_LR:g}) for an MDE <= {TARGET_MDE} at 80% "
-    "power. Projected compute on 2 CPU cores: ~20-30 min per run (module docstring)"
+    "power. Compute on 2 CPU cores: ~20-25 min per run, measured in the pilot (module docstring)"
 )
 
 TABLE = harness.Table(
