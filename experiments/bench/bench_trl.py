@@ -385,13 +385,13 @@ def main(argv=None) -> int:
     print(table(kjax, trl))
     # This machine's float32 matmul rate, taken in the same run (after both sides): the
     # figure the ratio stands beside (smaller n in smoke runs).
-    peak = provenance.matmul_peak(256 if args.smoke else 2048) / 1e12
-    print(f"CPU: {provenance.cpu_model()}; float32 matmul peak {peak:.3f} TFLOP/s, measured")
+    peak, cpu = provenance.matmul_peak(256 if args.smoke else 2048) / 1e12, provenance.cpu_model()
+    print(f"CPU: {cpu}; float32 matmul peak {peak:.3f} TFLOP/s, measured")
     if args.out:
         with open(args.out, "w") as f:
             ratio = trl["median_s"] / kjax["median_s"] if trl else None
             result = {"kjax": kjax, "trl": trl, "trl_over_kjax": ratio, "prompts": rows,
-                      "matmul_peak_tflops": peak, "cpu": provenance.cpu_model()}  # fmt: skip
+                      "matmul_peak_tflops": peak, "cpu": cpu}  # fmt: skip
             json.dump(result, f, indent=2)
     return 0
 
