@@ -64,7 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--path_repeats", type=int, default=3, help="timed loss+grad calls (best)")
     p.add_argument("--path_dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument(
-        "--pack", default="tiny_arith,tiny_countdown", help="padded vs packed ('' skips)"
+        "--pack",
+        default=None,
+        help="padded vs packed ('' skips; default tiny_arith,tiny_countdown, smoke tiny_arith)",
     )
     p.add_argument("--pack_T", type=int, default=128, help="completion cap of the --pack runs")
     p.add_argument("--pack_batches", type=int, default=2, help="rollout batches per --pack shape")
@@ -74,7 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.shapes, args.paths, args.steps, args.warmup, args.path_repeats = (
             "tiny_arith", "tiny_arith", 1, 1, 1
         )  # fmt: skip
-        args.pack, args.pack_T, args.pack_batches = "tiny_arith", 16, 1
+        args.pack_T, args.pack_batches = 16, 1
+        args.pack = "tiny_arith" if args.pack is None else args.pack
+    elif args.pack is None:
+        args.pack = "tiny_arith,tiny_countdown"
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.paths = [s for s in args.paths.split(",") if s]
     args.pack = [s for s in args.pack.split(",") if s]

@@ -136,9 +136,16 @@ def test_bench_sampler_compaction_mode_smoke(tmp_path, capsys):
     assert len(_table(capsys.readouterr().out, "| B x N |")) == 1
 
 
-def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_path, capsys):
+@pytest.mark.parametrize(
+    # The padded-vs-packed comparison (~15 s) is slow-tier: packed equals padded (loss and
+    # gradients) is the default tier's tests/rl/test_packing.py and test_batch_packing.py.
+    "pack",
+    [["--pack="], pytest.param([], marks=pytest.mark.slow)],
+    ids=["no_pack", "pack"],
+)
+def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_path, capsys, pack):
     out = tmp_path / "rl_step.json"
-    assert bench_rl_step.main(["--smoke", "--out", str(out)]) == 0
+    assert bench_rl_step.main(["--smoke", "--out", str(out), *pack]) == 0
     result = json.loads(out.read_text())
     (step,) = result["steps"]
     assert step["shape"] == "tiny_arith"
@@ -149,16 +156,19 @@ def test_bench_rl_step_smoke_splits_the_step_and_both_update_paths_agree(tmp_pat
     assert paths["loss_diff"] <= 1e-5 * max(1.0, abs(paths["reference"]["loss"]))
     assert paths["reference"]["flops"] > paths["shared"]["flops"]
     assert _positive(paths["speedup"])
-    (pack,) = result["pack"]
-    (b,) = pack["batches"]
+    text = capsys.readouterr().out
+    assert len(_table(text, "| shape | params |")) == 1
+    if pack:
+        assert result["pack"] == [] and "| shape | B x N, S + T | batch |" not in text
+        return
+    assert len(_table(text, "| shape | B x N, S + T | batch |")) == 1
+    (packed,) = result["pack"]
+    (b,) = packed["batches"]
     # Padded and packed run the same update: the same loss and gradient norm.
-    assert 1 <= b["rows"] <= pack["N"] and 0 <= b["padding"] < 1
+    assert 1 <= b["rows"] <= packed["N"] and 0 <= b["padding"] < 1
     assert b["loss_diff"] <= 1e-5 * max(1.0, abs(b["loss"])) and abs(b["loss"]) > 0
     assert b["grad_norm_diff"] <= 1e-4 * b["grad_norm"] and b["grad_norm"] > 0
     assert _positive(b["padded_s"]) and _positive(b["packed_s"])
-    text = capsys.readouterr().out
-    assert len(_table(text, "| shape | params |")) == 1
-    assert len(_table(text, "| shape | B x N, S + T | batch |")) == 1
 
 
 @pytest.mark.parametrize(
