@@ -74,6 +74,12 @@ def _as_is(arm, cfg):
     return cfg
 
 
+def _print_flushed(*args, **kwargs) -> None:
+    """print, flushed: a table's lines reach a log file (`... > table.log`) as they are
+    written, not when the buffer fills, hours into a long table."""
+    print(*args, **kwargs, flush=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
     """workdir, sft_dir, smoke: from the command line. runs: the folder of WORKDIR the
@@ -83,7 +89,7 @@ class Context:
     workdir: pathlib.Path
     sft_dir: pathlib.Path
     smoke: bool
-    log: Callable = print
+    log: Callable = _print_flushed
     runs: str = "runs"
     adjust: Callable = _as_is
     validate_only: bool = False  # build and validate every arm's config, train none

@@ -195,6 +195,10 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
         if reused is not None:
             write_result(done, reused)
             return reused
+        ckpts = run_dir / "run" / "checkpoints"  # rl_execute's layout
+        resumed = " (from its last checkpoint)" if ckpts.is_dir() and any(ckpts.iterdir()) else ""
+        ctx.log(f"[{table.name}] {arm.name} seed {seed}: training{resumed} in {run_dir}, "
+                f"started {time.strftime('%Y-%m-%d %H:%M:%S')}")  # fmt: skip
         start = time.time()
         try:
             metrics = (table.execute or harness.rl_execute)(table, arm, seed, run_dir, ctx)

@@ -340,10 +340,14 @@ def test_the_last_worker_shows_the_arm_another_worker_finished(tmp_path):
     import dataclasses
 
     table = dataclasses.replace(table, execute=worker_2)
-    ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=False, log=lambda *a: None)
+    lines = []
+    ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=False, log=lines.append)
     rows = table_runs.run_table(table, [0], ctx)
     assert [(r["arm"], r["status"]) for r in rows] == [("a", "ok"), ("b", "ok")]
     assert rows[0]["metrics"]["m"] == 0.5
+    # A run announces itself when it starts (a table's runs take minutes to hours each).
+    started = [line for line in lines if " seed 0: training in " in line]
+    assert len(started) == 1 and "] b seed 0: training in " in started[0], lines
 
 
 def test_a_lag_beyond_the_steps_is_named_in_the_log():
