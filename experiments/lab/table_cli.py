@@ -1,7 +1,7 @@
 """The command line of a paper table: tune, run, report (python -m experiments.tables.NAME).
 
 `main(table, argv)` parses the flags (--workdir, --seeds, --smoke, --sft_dir, --arms,
---learning_rates, --lockstep, --reuse_runs, --report_only, --from_rows), tunes each arm's
+--learning_rates, --lockstep, --reuse_runs, --report_only, --from_rows, --status), tunes each arm's
 learning rate by experiments.lab.tuning's protocol before any reported run (`tune`), runs the
 arms x seeds (experiments.lab.table_runs), and writes NAME.{md,jsonl,claims.json,png} through
 experiments.lab.report. Exit status: 0 written; 1 an arm failed (finished runs are kept, the
@@ -102,6 +102,9 @@ def parse(prog: str, argv=None, default_seeds: int = 5) -> argparse.Namespace:
     p.add_argument("--from_rows", default="",
                    help="train nothing: judge the rows of this NAME.jsonl (e.g. a committed "
                         "result) under the table's current claims; outputs in WORKDIR")  # fmt: skip
+    p.add_argument("--status", action="store_true",
+                   help="train nothing: list every tuning and table run as done, "
+                        "started or not started, and the hours left")  # fmt: skip
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1; got {args.seeds}")
@@ -218,8 +221,13 @@ def rejudge(table: Table, path: pathlib.Path, out: pathlib.Path) -> int:
 def main(table: Table, argv=None, default_seeds: int = 5) -> int:
     args = parse(table.name, argv, default_seeds)
     workdir = pathlib.Path(args.workdir)
-    setup_jax(workdir)
     seeds = [0] if args.smoke else list(range(args.seeds))
+    if args.status:
+        from experiments.lab.table_status import status
+
+        print(status(table, workdir, seeds))
+        return 0
+    setup_jax(workdir)
     sft_dir = pathlib.Path(args.sft_dir or workdir / "sft")
     reuse = tuple(pathlib.Path(d.strip()) for d in args.reuse_runs.split(",") if d.strip())
     ctx = Context(

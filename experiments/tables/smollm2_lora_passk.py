@@ -8,7 +8,8 @@ pass@8" and "lowers pass@1", both judged on held-out problems.
 
 Both steps resume: a finished (arm, seed) leaves its result.json and is skipped, an
 unfinished run resumes from its last checkpoint (every STEPS // 2 steps), so a session
-that stops mid-run loses at most half a run. Rerun the same command to go on.
+that stops mid-run loses at most half a run. Rerun the same command to go on; add --status
+to see which runs are done and the hours left, without training.
 
 The claims (7a, 7b) were written before any run of this module, with Tang et al.'s numbers
 beside them as table 1 (tang2025_table.py) cites them (CodeContests, PG); this session's

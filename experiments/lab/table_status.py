@@ -1,0 +1,81 @@
+"""--status: where a table that runs over several sessions stands, read from its folders
+alone (nothing is trained, JAX is not started): each tuning and reported run as done (its
+status and wall time), stopped or running at step i of its steps, or not started, and the
+hours left at the finished runs' mean wall time.
+
+  python -m experiments.tables.NAME --workdir=DIR [--seeds=S] --status
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Sequence
+
+from experiments.lab.harness import Table, slug
+from experiments.lab.table_runs import TornResult, read_result
+
+
+def run_state(run_dir: pathlib.Path, steps: int) -> tuple[str, float | None]:
+    """(what the folder of one (arm, seed) holds, its wall seconds when finished)."""
+    done = run_dir / "result.json"
+    if done.exists():
+        try:
+            row = read_result(done)
+        except TornResult:
+            return "torn result.json (redone on the next run)", None
+        return f"{row['status']}, {row['wall_s'] / 60:.1f} min", float(row["wall_s"])
+    metrics = run_dir / "run" / "metrics.jsonl"  # harness.rl_execute's layout
+    step = -1
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                step = max(step, int(json.loads(line).get("step", -1)))
+            except (ValueError, AttributeError):  # a line cut by a kill
+                continue
+    if step >= 0:
+        return f"started: step {step} of {steps}", None
+    return "not started", None
+
+
+def _runs(table: Table, workdir: pathlib.Path, seeds: Sequence[int]):
+    """(stage, arm, seed, folder) of every run the table trains, in the order it trains
+    them: the tuning grid (experiments.lab.tuning), then the reported seeds."""
+    t = table.tuning
+    if t is not None:
+        for arm in table.arms:
+            for lr in t.grid:
+                for seed in t.seeds:
+                    folder = workdir / f"tuning/lr{lr:g}" / slug(arm.name) / f"seed{seed}"
+                    yield f"tuning, lr {lr:g}", arm.name, seed, folder
+    for arm in table.arms:
+        for seed in seeds:
+            yield "table", arm.name, seed, workdir / "runs" / slug(arm.name) / f"seed{seed}"
+
+
+def status(table: Table, workdir: pathlib.Path, seeds: Sequence[int]) -> str:
+    """The --status text: one line per run, then the totals."""
+    steps = table.base(0, False).steps
+    lines = [f"{table.name} in {workdir}: {len(seeds)} seeds", "",
+             "| stage | arm | seed | state |", "|---|---|---|---|"]  # fmt: skip
+    walls, left = [], 0
+    for stage, arm, seed, folder in _runs(table, workdir, seeds):
+        state, wall = run_state(folder, steps)
+        lines.append(f"| {stage} | {arm} | {seed} | {state} |")
+        if wall is None:
+            left += 1
+        else:
+            walls.append(wall)
+    total = len(walls) + left
+    lines.append("")
+    if not walls:
+        lines.append(f"finished 0 of {total} runs; no wall time measured yet")
+        return "\n".join(lines)
+    mean = sum(walls) / len(walls)
+    lines.append(
+        f"finished {len(walls)} of {total} runs, {sum(walls) / 3600:.1f} h of wall time "
+        f"(mean {mean / 60:.1f} min a run); {left} to go: about {left * mean / 3600:.1f} h at "
+        "that mean (a projection: runs that share a start evaluation, or that --reuse_runs "
+        "takes over, take less)"
+    )
+    return "\n".join(lines)
