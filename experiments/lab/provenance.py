@@ -31,6 +31,29 @@ def git_commit(repo: pathlib.Path = pathlib.Path(__file__).parent) -> str:
     return head + ("-dirty" if changes else "")
 
 
+def code_digest(root: pathlib.Path | None = None, versions: bool = True) -> str:
+    """sha256 of the source that draws a result: every .py file under root's kjax/ and
+    experiments/ (paths and bytes; root: this checkout) and, with versions, jax's, jaxlib's
+    and numpy's versions. It moves with any edit, committed or not, and needs no git (the
+    commit alone does not: a dirty tree or an install without git reads the same)."""
+    import hashlib
+    import importlib.metadata
+
+    root = root or pathlib.Path(__file__).resolve().parent.parent.parent
+    packages = ("kjax", "experiments")
+    h = hashlib.sha256()
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    if versions:
+        for name in ("jax", "jaxlib", "numpy"):
+            try:
+                h.update(f"{name}=={importlib.metadata.version(name)}\0".encode())
+            except importlib.metadata.PackageNotFoundError:
+                h.update(f"{name} missing\0".encode())
+    return h.hexdigest()
+
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."""
     try:

@@ -9,7 +9,8 @@ evaluation of SmolLM2 on 200 problems x 16 samples costs minutes on a CPU, once 
 StartEvals keeps those verdicts in a folder, under a digest of everything the draw reads:
 the parameters (every leaf's path, dtype, shape and bytes), the run's configuration
 without the fields only the update reads (UPDATE_ONLY), and a salt the caller sets (the
-experiment harness: the checkout's git commit, so other code draws again). Each run
+experiment harness: a digest of its source and of jax's version, so code edited in any
+way, committed or not, draws again; the commit alone missed a dirty tree). Each run
 still computes its own metrics from the verdicts, so eval/objective is its own
 objective's. Anything else that differs is a miss, so a hit only skips a draw that would
 write the same verdicts. A folder that cannot be read back is drawn again and rewritten.

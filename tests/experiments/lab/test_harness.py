@@ -24,7 +24,13 @@ from scipy import stats
 from experiments.lab import claims, harness, table_cli, table_runs, tuning
 from experiments.lab.claims import Claim, ClaimKind, MetricKey
 from experiments.lab.harness import Arm
-from experiments.lab.provenance import CPU_FEATURES, cpu_features, git_commit, provenance
+from experiments.lab.provenance import (
+    CPU_FEATURES,
+    code_digest,
+    cpu_features,
+    git_commit,
+    provenance,
+)
 from kjax.rl.config import (
     ArithConfig,
     BonAnchor,
@@ -337,6 +343,29 @@ def test_git_commit_is_head_with_a_dirty_mark(tmp_path, monkeypatch):
     assert git_commit(tmp_path) == head + "-dirty"
     monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
     assert git_commit(tmp_path) == "unknown"
+
+
+def test_code_digest_moves_with_any_source_edit_and_no_other_file(tmp_path):
+    """The start-evaluation salt (harness.rl_execute): an edit that git_commit cannot see
+    (a dirty tree, an install without git) still changes it."""
+    (tmp_path / "kjax" / "rl").mkdir(parents=True)
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "kjax" / "rl" / "a.py").write_text("x = 1\n")
+    (tmp_path / "experiments" / "b.py").write_text("y = 2\n")
+    first = code_digest(tmp_path, versions=False)
+    assert code_digest(tmp_path, versions=False) == first
+    assert code_digest(tmp_path) != first  # jax's, jaxlib's, numpy's versions count
+    (tmp_path / "experiments" / "notes.md").write_text("not source")
+    (tmp_path / "other.py").write_text("outside kjax/ and experiments/")
+    assert code_digest(tmp_path, versions=False) == first
+    digests = {first}
+    for path, text in (("kjax/rl/a.py", "x = 3\n"), ("kjax/new.py", ""),
+                       ("experiments/b.py", "y = 2  \n")):  # fmt: skip
+        (tmp_path / path).write_text(text)
+        digests.add(code_digest(tmp_path, versions=False))
+    assert len(digests) == 4
+    (tmp_path / "kjax" / "new.py").rename(tmp_path / "kjax" / "renamed.py")  # a path counts
+    assert code_digest(tmp_path, versions=False) not in digests
 
 
 # ---------------------------------------------------------------------------- runs, CLI
