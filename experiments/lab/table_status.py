@@ -35,6 +35,8 @@ def run_state(run_dir: pathlib.Path, steps: int) -> tuple[str, float | None]:
                 continue
     if step >= 0:
         return f"started: step {step} of {steps}", None
+    if (run_dir / "run").is_dir():
+        return "started: no step logged yet (the start evaluation comes first)", None
     return "not started", None
 
 

@@ -37,6 +37,7 @@ def test_status_lists_every_run_and_the_hours_left(tmp_path, capsys):
     started.mkdir(parents=True)
     lines = [json.dumps({"step": s, "loss": 0.1}) for s in range(8)]  # a kill cut the last
     (started / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 8, "lo')
+    (tmp_path / "runs" / "b_b" / "seed0" / "run").mkdir(parents=True)  # in its first eval
     assert table_cli.main(_table(), [f"--workdir={tmp_path}", "--seeds=2", "--status"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "stage" not in line]
@@ -47,7 +48,7 @@ def test_status_lists_every_run_and_the_hours_left(tmp_path, capsys):
         "| tuning, lr 0.0003 | b b | 1000 | not started |",
         "| table | a | 0 | started: step 7 of 40 |",
         "| table | a | 1 | not started |",
-        "| table | b b | 0 | not started |",
+        "| table | b b | 0 | started: no step logged yet (the start evaluation comes first) |",
         "| table | b b | 1 | diverged, 10.0 min |",
     ]
     # 2 finished of 8, mean 15 min: 6 to go at 15 min = 1.5 h
