@@ -359,9 +359,9 @@ def test_code_digest_moves_with_any_source_edit_and_no_other_file(tmp_path):
     (tmp_path / "other.py").write_text("outside kjax/ and experiments/")
     assert code_digest(tmp_path, versions=False) == first
     digests = {first}
-    for path, text in (("kjax/rl/a.py", "x = 3\n"), ("kjax/new.py", ""),
-                       ("experiments/b.py", "y = 2  \n")):  # fmt: skip
-        (tmp_path / path).write_text(text)
+    for parts, text in ((("kjax", "rl", "a.py"), "x = 3\n"), (("kjax", "new.py"), ""),
+                        (("experiments", "b.py"), "y = 2  \n")):  # fmt: skip
+        tmp_path.joinpath(*parts).write_text(text)
         digests.add(code_digest(tmp_path, versions=False))
     assert len(digests) == 4
     (tmp_path / "kjax" / "new.py").rename(tmp_path / "kjax" / "renamed.py")  # a path counts
