@@ -25,6 +25,7 @@ from experiments.lab.report import SMOKE_SKIPPED, write_outputs
 from experiments.lab.table_runs import (
     lockstep,
     read_result,
+    run_folder,
     run_one,
     run_table,
     smoke_skipped,
@@ -53,7 +54,7 @@ def tune(table: Table, ctx: Context) -> tuple[dict[str, dict], list[dict]]:
                 return tuning.for_tuning(ctx.adjust(a, c), lr)
 
             at = dataclasses.replace(
-                ctx, runs=f"tuning/lr{lr:g}", adjust=adjust, validate_only=ctx.smoke
+                ctx, runs=tuning.runs_folder(lr), adjust=adjust, validate_only=ctx.smoke
             )
             lockstep(table, arm, t.seeds, at)
             mine = [{**run_one(table, arm, seed, at), "lr": lr} for seed in t.seeds]
@@ -131,8 +132,7 @@ def finished_rows(table: Table, seeds: Sequence[int], ctx: Context) -> tuple[lis
     rows, done = [], []
     for seed in seeds:
         trained = [a for a in table.arms if not smoke_skipped(table, a.name, ctx)]
-        paths = [ctx.workdir / "runs" / slug(a.name) / f"seed{seed}" / "result.json"
-                 for a in trained]  # fmt: skip
+        paths = [run_folder(ctx.workdir, "runs", a.name, seed) / "result.json" for a in trained]
         extra = ctx.workdir / "runs" / "_per_seed" / f"seed{seed}.json"
         if not all(p.exists() for p in paths) or (table.per_seed and not extra.exists()):
             break

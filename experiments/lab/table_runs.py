@@ -34,10 +34,16 @@ from experiments.lab.report import RUNNING, SMOKE_SKIPPED
 from kjax.files import write_atomic
 
 
+def run_folder(workdir: pathlib.Path, runs: str, arm: str, seed: int) -> pathlib.Path:
+    """The folder of arm's run at seed: WORKDIR/RUNS/ARM/seedS (runs: "runs", or a tuning
+    rate's folder, experiments.lab.tuning.runs_folder)."""
+    return workdir / runs / slug(arm) / f"seed{seed}"
+
+
 def run_one(table: Table, arm: Arm, seed: int, ctx: Context) -> dict:
     """The result row of (arm, seed), from its result.json when already done. ArmFailed when
     the arm raises anything but FloatingPointError (a divergence: a "diverged" row)."""
-    run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
+    run_dir = run_folder(ctx.workdir, ctx.runs, arm.name, seed)
     try:
         row = _reuse(table, arm, seed, ctx, run_dir)
         if row is not None:
@@ -263,7 +269,7 @@ def _lockstep(table: Table, arm: Arm, seeds: Sequence[int], ctx: Context) -> Non
 
     pending = []
     for seed in seeds:
-        run_dir = ctx.workdir / ctx.runs / slug(arm.name) / f"seed{seed}"
+        run_dir = run_folder(ctx.workdir, ctx.runs, arm.name, seed)
         asked = arm_config(table, arm, seed, ctx)
         cfg = dataclasses.replace(asked, name=slug(arm.name))
         reused = reused_row(table, arm, seed, ctx)

@@ -8,12 +8,13 @@ hours left at the finished runs' mean wall time.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Sequence
 
-from experiments.lab.harness import Table, slug
-from experiments.lab.table_runs import TornResult, read_result
+from experiments.lab.harness import Table
+from experiments.lab.table_runs import TornResult, read_result, run_folder
+from experiments.lab.tuning import runs_folder
+from kjax.files import read_jsonl
 
 
 def run_state(run_dir: pathlib.Path, steps: int) -> tuple[str, float | None]:
@@ -25,14 +26,8 @@ def run_state(run_dir: pathlib.Path, steps: int) -> tuple[str, float | None]:
         except TornResult:
             return "torn result.json (redone on the next run)", None
         return f"{row['status']}, {row['wall_s'] / 60:.1f} min", float(row["wall_s"])
-    metrics = run_dir / "run" / "metrics.jsonl"  # harness.rl_execute's layout
-    step = -1
-    if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            try:
-                step = max(step, int(json.loads(line).get("step", -1)))
-            except (ValueError, AttributeError):  # a line cut by a kill
-                continue
+    rows = read_jsonl(run_dir / "run" / "metrics.jsonl")  # harness.rl_execute's layout
+    step = max((int(r.get("step", -1)) for r in rows), default=-1)
     if step >= 0:
         return f"started: step {step} of {steps}", None
     if (run_dir / "run").is_dir():
@@ -48,11 +43,11 @@ def _runs(table: Table, workdir: pathlib.Path, seeds: Sequence[int]):
         for arm in table.arms:
             for lr in t.grid:
                 for seed in t.seeds:
-                    folder = workdir / f"tuning/lr{lr:g}" / slug(arm.name) / f"seed{seed}"
+                    folder = run_folder(workdir, runs_folder(lr), arm.name, seed)
                     yield f"tuning, lr {lr:g}", arm.name, seed, folder
     for arm in table.arms:
         for seed in seeds:
-            yield "table", arm.name, seed, workdir / "runs" / slug(arm.name) / f"seed{seed}"
+            yield "table", arm.name, seed, run_folder(workdir, "runs", arm.name, seed)
 
 
 def status(table: Table, workdir: pathlib.Path, seeds: Sequence[int]) -> str:

@@ -43,6 +43,11 @@ class Tuning:
 OBJECTIVE = "objective"  # the run's eval/objective: kjax.rl.objective.objective_value
 
 
+def runs_folder(learning_rate: float) -> str:
+    """The folder of WORKDIR the tuning runs at one rate go in: tuning/lrX."""
+    return f"tuning/lr{learning_rate:g}"
+
+
 def for_tuning(cfg: TrainConfig, learning_rate: float) -> TrainConfig:
     """cfg at `learning_rate`, evaluated on its validation split."""
     if cfg.task.validation_size == 0:
