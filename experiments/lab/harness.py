@@ -185,15 +185,16 @@ def smoke_base(cfg):
 
 def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Context) -> dict:
     """One RL run of arm at seed: the first and the last evaluation, and the run's shape.
-    The arms of a seed that start alike share their first evaluation's draw (WORKDIR/RUNS/
-    _start_evals, salted with the digest of the source and of jax's version, so an edit
-    draws anew, committed or not; kjax.rl.start_evals)."""
+    The runs of a table that start alike share their first evaluation's draw: the arms of
+    a seed, and a tuning seed's runs at every rate of the grid (one WORKDIR/_start_evals,
+    salted with the digest of the source and of jax's version, so an edit draws anew,
+    committed or not; kjax.rl.start_evals)."""
     from experiments.lab.provenance import code_digest
     from kjax.rl.loop import train_and_evaluate
     from kjax.rl.start_evals import StartEvals
 
     cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
-    shared = StartEvals(ctx.workdir / ctx.runs / "_start_evals", salt=code_digest())
+    shared = StartEvals(ctx.workdir / "_start_evals", salt=code_digest())
     last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False,
                               start_evals=shared)  # fmt: skip
     return run_metrics(cfg, run_dir, last)
