@@ -11,6 +11,19 @@ unfinished run resumes from its last checkpoint (every STEPS // 2 steps), so a s
 that stops mid-run loses at most half a run. Rerun the same command to go on; add --status
 to see which runs are done and the hours left, without training.
 
+Across machines. A session's machine is not the next one's (2026-12-06: the first five
+tuning runs were lost so), so what step 2 finishes is saved into the repository and restored
+on the next machine (experiments.lab.carry; checkpoints are not carried, so a run cut off
+mid-way is trained again). Every run of step 2 runs from one commit, 5b8ae19, so the table's
+rows share one code and its runs share their start draws (salted with the code's digest):
+
+  git worktree add --detach WT 5b8ae19
+  python -m experiments.lab.carry restore --workdir=DIR --from=SAVED
+  (cd WT && PYTHONPATH=. python -m experiments.tables.smollm2_lora_passk --workdir=DIR)
+  python -m experiments.lab.carry save --workdir=DIR --to=SAVED      # before the session ends
+
+with SAVED = experiments/results/smollm2_lora_passk/carried (committed after each save).
+
 The claims (7a, 7b) were written before any run of this module, with Tang et al.'s numbers
 beside them as table 1 (tang2025_table.py) cites them (CodeContests, PG); this session's
 search tool returned only the paper's abstract and introduction, not its tables, so those
