@@ -32,21 +32,28 @@ import jax  # noqa: E402
 jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 # The longest files, handed out first. Under xdist's `--dist loadfile` a file goes whole to
-# the next free worker, in collection order; alphabetical order left the notebooks (~110 s)
-# and the checkpoint kills (~95 s) for last, so one worker finished them while the other
-# idled. Longest first (worker-seconds from `--durations`, 2026-12-01) leaves short files
-# for the end. Within a file, and among the rest, the order is unchanged.
+# the next free worker, in collection order; alphabetical order left the notebooks and the
+# checkpoint kills for last, so one worker finished them while the other idled. Longest
+# first leaves short files for the end. Worker-seconds from `--durations=0` (2026-12-06,
+# 2 cores, 1,345 s of tests in all); within a file, and among the rest, the order is
+# unchanged.
 _LONG_FILES = (
-    "tests/experiments/test_tables.py",  # ~140-200 s: every table module's --smoke run
-    "tests/rl/test_train_step.py",
-    "tests/test_notebooks.py",
-    "tests/experiments/bench/test_bench_smoke.py",  # ~60 s: bench_rl_step, bench_padding
-    "tests/rl/test_resume.py",  # ~40 s: LoRA's kill -9 resume
-    "tests/test_checkpoint.py",
-    "tests/rl/test_multihost.py",
-    "tests/rl/test_batch_packing.py",  # ~20 s: one packed/padded compile pair
+    "tests/experiments/test_tables.py",  # ~100 s: every table module's --smoke run
+    "tests/test_pruned_sampling.py",  # ~63 s
+    "tests/experiments/bench/test_bench_smoke.py",  # ~61 s: bench_rl_step, bench_padding
+    "tests/objectives/test_shrinkage.py",  # ~55 s
+    "tests/test_notebooks.py",  # ~55 s
+    "tests/experiments/test_run_safety.py",  # ~47 s
     "tests/rl/test_forward.py",
+    "tests/rl/test_loss_fn.py",
+    "tests/tasks/test_train_tasks.py",
+    "tests/rl/test_train_step.py",
     "tests/test_sampling.py",
+    "tests/rewards/test_code_hostile.py",
+    "tests/rl/test_multihost.py",
+    "tests/rl/test_lag.py",
+    "tests/rl/test_resume.py",  # ~27 s: LoRA's kill -9 resume
+    "tests/test_checkpoint.py",
 )
 
 
