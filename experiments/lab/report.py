@@ -99,6 +99,8 @@ def report(
     ]
     if written is not None:
         parts += ["", provenance_line(written)]
+        if commits_note(rows):
+            parts[-1] += " " + commits_note(rows)
         bare = sum("provenance" not in r for r in rows)
         if bare:
             parts[-1] += (
@@ -175,3 +177,18 @@ def write_outputs(
     write_atomic(out / f"{table.name}.md", text)
     (table.plot or bar_plot)(table, rows, out / f"{table.name}.png")
     return text
+
+
+def commits_note(rows: list[dict]) -> str:
+    """Which commits trained the rows, with their counts, so that a table run over several
+    sessions shows whether its rows share one code ("" when no row records a commit)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        commit = r.get("provenance", {}).get("commit")
+        if commit:
+            counts[commit[:7]] = counts.get(commit[:7], 0) + 1
+    if not counts:
+        return ""
+    named = ", ".join(f"{c} ({n} row{'s' * (n != 1)})" for c, n in counts.items())
+    many = "" if len(counts) == 1 else f"; rows of {len(counts)} commits: not one code"
+    return f"Rows trained at commit {named}{many}."

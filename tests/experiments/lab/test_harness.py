@@ -721,3 +721,15 @@ def test_rows_from_before_the_lag_and_sampler_device_fields_still_match(tmp_path
     assert table_runs.matches(harness.fingerprint(cfg, tmp_path), cfg, tmp_path)
     lagged = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, policy_lag=1))
     assert not table_runs.matches(old[:16], lagged, tmp_path)
+
+
+def test_the_report_names_the_commits_that_trained_its_rows():
+    from experiments.lab.report import commits_note
+
+    row = {"provenance": {"commit": "5b8ae190bceda4f5"}}
+    assert commits_note([row, row]) == "Rows trained at commit 5b8ae19 (2 rows)."
+    other = {"provenance": {"commit": "abf1257aaaa"}}
+    assert commits_note([row, other]) == (
+        "Rows trained at commit 5b8ae19 (1 row), abf1257 (1 row); rows of 2 commits: not one code."
+    )
+    assert commits_note([{"seed": 0}]) == ""
