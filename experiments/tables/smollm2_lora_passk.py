@@ -14,12 +14,12 @@ to see which runs are done and the hours left, without training.
 Across machines. A session's machine is not the next one's (2026-12-06: the first five
 tuning runs were lost so), so what step 2 finishes is saved into the repository and restored
 on the next machine (experiments.lab.carry; checkpoints are not carried, so a run cut off
-mid-way is trained again). Every run of step 2 runs from one commit, COMMIT, so the table's
+mid-way is trained again). Every run of step 2 runs from one commit, 8c0c5cc, so the table's
 rows share one code and its runs share their start draws (salted with the code's digest):
 the commit that extended the grid to 8e-4 (its six earlier mean-arm tuning runs ran at
 5b8ae19, whose kjax/ is the same; their rows are reused by their configs' fingerprints).
 
-  git worktree add --detach WT COMMIT
+  git worktree add --detach WT 8c0c5cc
   python -m experiments.lab.carry restore --workdir=DIR --from=SAVED
   (cd WT && PYTHONPATH=. python -m experiments.tables.smollm2_lora_passk --workdir=DIR)
   python -m experiments.lab.carry save --workdir=DIR --to=SAVED      # before the session ends
