@@ -1,7 +1,7 @@
 """--status: where a table that runs over several sessions stands, read from its folders
 alone (nothing is trained, JAX is not started): each tuning and reported run as done (its
-status and wall time), stopped or running at step i of its steps, or not started, and the
-hours left at the finished runs' mean wall time.
+status and wall time), stopped or running at step i of its steps, or not started; each
+arm's tuning scores so far; and the hours left at the finished runs' mean wall time.
 
   python -m experiments.tables.NAME --workdir=DIR [--seeds=S] --status
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from experiments.lab.harness import Table
 from experiments.lab.table_runs import TornResult, read_result, run_folder
-from experiments.lab.tuning import runs_folder
+from experiments.lab.tuning import OBJECTIVE, runs_folder
 from kjax.files import read_jsonl
 
 
@@ -50,6 +50,36 @@ def _runs(table: Table, workdir: pathlib.Path, seeds: Sequence[int]):
             yield "table", arm.name, seed, run_folder(workdir, "runs", arm.name, seed)
 
 
+def tuning_so_far(table: Table, workdir: pathlib.Path) -> list[str]:
+    """Per arm, each rate's mean validation objective over its finished tuning seeds (the
+    score tuning.choose will read) and the rate leading so far: the choice a finished grid
+    would make can be seen before the grid ends. [] for a table without tuning."""
+    t = table.tuning
+    if t is None:
+        return []
+    lines = [f"Tuning so far (validation {OBJECTIVE}, mean over the finished tuning seeds):"]
+    for arm in table.arms:
+        cells, best = [], None
+        for lr in t.grid:
+            values = []
+            for seed in t.seeds:
+                done = run_folder(workdir, runs_folder(lr), arm.name, seed) / "result.json"
+                try:
+                    row = read_result(done) if done.exists() else None
+                except TornResult:
+                    row = None
+                if row is not None and row.get("status") == "ok":
+                    values.append(row.get("metrics", {}).get(OBJECTIVE))
+            values = [v for v in values if v is not None]
+            if values:
+                mean = sum(values) / len(values)
+                cells.append(f"lr {lr:g} {mean:.3f} ({len(values)} of {len(t.seeds)} seeds)")
+                best = (mean, lr) if best is None or mean > best[0] else best
+        leading = f"; leading: lr {best[1]:g}" if best else ""
+        lines.append(f"- {arm.name}: {', '.join(cells) or 'none finished'}{leading}")
+    return lines
+
+
 def status(table: Table, workdir: pathlib.Path, seeds: Sequence[int]) -> str:
     """The --status text: one line per run, then the totals."""
     steps = table.base(0, False).steps
@@ -65,6 +95,8 @@ def status(table: Table, workdir: pathlib.Path, seeds: Sequence[int]) -> str:
             walls.append(wall)
     total = len(walls) + left
     lines.append("")
+    if table.tuning is not None:
+        lines += [*tuning_so_far(table, workdir), ""]
     if not walls:
         lines.append(f"finished 0 of {total} runs; no wall time measured yet")
         return "\n".join(lines)

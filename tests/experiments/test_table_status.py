@@ -55,3 +55,19 @@ def test_status_lists_every_run_and_the_hours_left(tmp_path, capsys):
     assert "finished 2 of 8 runs, 0.5 h of wall time (mean 15.0 min a run); 6 to go: " \
            "about 1.5 h" in out  # fmt: skip
     assert not (tmp_path / "jax_cache").exists()  # nothing was set up, nothing trained
+
+
+def test_status_shows_the_tuning_scores_so_far_and_the_leading_rate(tmp_path, capsys):
+    for lr, seed, objective in (("0.0001", 1000, 0.2), ("0.0003", 1000, 0.5)):
+        done = tmp_path / "tuning" / f"lr{lr}" / "a" / f"seed{seed}"
+        done.mkdir(parents=True)
+        row = {"status": "ok", "wall_s": 60.0, "metrics": {"objective": objective}}
+        (done / "result.json").write_text(json.dumps(row))
+    torn = tmp_path / "tuning" / "lr0.0001" / "b_b" / "seed1000"
+    torn.mkdir(parents=True)
+    (torn / "result.json").write_text('{"status": "o')  # killed mid-write: not a score
+    assert table_cli.main(_table(), [f"--workdir={tmp_path}", "--seeds=1", "--status"]) == 0
+    out = capsys.readouterr().out
+    assert "- a: lr 0.0001 0.200 (1 of 1 seeds), lr 0.0003 0.500 (1 of 1 seeds); leading: " \
+           "lr 0.0003" in out  # fmt: skip
+    assert "- b b: none finished" in out
