@@ -29,10 +29,9 @@ import pathlib
 import sys
 from collections.abc import Iterator
 
+from experiments.lab.harness import START_EVALS
 from experiments.lab.table_runs import TornResult, read_result
 from kjax.files import write_atomic
-
-START_EVALS = "_start_evals"  # experiments.lab.harness.rl_execute's folder
 
 
 def carried(workdir: pathlib.Path) -> Iterator[pathlib.Path]:

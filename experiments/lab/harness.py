@@ -183,6 +183,9 @@ def smoke_base(cfg):
     return dataclasses.replace(cfg, eval=ev, checkpoint=ck)
 
 
+START_EVALS = "_start_evals"  # WORKDIR/START_EVALS: the runs' shared start draws
+
+
 def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Context) -> dict:
     """One RL run of arm at seed: the first and the last evaluation, and the run's shape.
     The runs of a table that start alike share their first evaluation's draw: the arms of
@@ -194,7 +197,7 @@ def rl_execute(table: Table, arm: Arm, seed: int, run_dir: pathlib.Path, ctx: Co
     from kjax.rl.start_evals import StartEvals
 
     cfg = dataclasses.replace(arm_config(table, arm, seed, ctx), name=slug(arm.name))
-    shared = StartEvals(ctx.workdir / "_start_evals", salt=code_digest())
+    shared = StartEvals(ctx.workdir / START_EVALS, salt=code_digest())
     last = train_and_evaluate(cfg, run_dir / "run", log=lambda *a, **k: None, progress=False,
                               start_evals=shared)  # fmt: skip
     return run_metrics(cfg, run_dir, last)

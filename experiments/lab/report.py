@@ -99,8 +99,9 @@ def report(
     ]
     if written is not None:
         parts += ["", provenance_line(written)]
-        if commits_note(rows):
-            parts[-1] += " " + commits_note(rows)
+        commits = commits_note(rows)
+        if commits:
+            parts[-1] += " " + commits
         bare = sum("provenance" not in r for r in rows)
         if bare:
             parts[-1] += (

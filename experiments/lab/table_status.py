@@ -8,9 +8,11 @@ arm's tuning scores so far; and the hours left at the finished runs' mean wall t
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Sequence
 
+from experiments.lab import tuning
 from experiments.lab.harness import Table
 from experiments.lab.table_runs import TornResult, read_result, run_folder
 from experiments.lab.tuning import OBJECTIVE, runs_folder
@@ -51,33 +53,39 @@ def _runs(table: Table, workdir: pathlib.Path, seeds: Sequence[int]):
 
 
 def tuning_so_far(table: Table, workdir: pathlib.Path) -> list[str]:
-    """Per arm, each rate's mean validation objective over its finished tuning seeds (the
-    score tuning.choose will read) and the rate leading so far: the choice a finished grid
-    would make can be seen before the grid ends. [] for a table without tuning."""
+    """Per arm, each rate's score over its finished tuning seeds (tuning.score: the mean
+    validation objective; none when one diverged or has no objective) and the rate
+    tuning.choose would take from them: the choice a finished grid would make can be seen
+    before the grid ends. [] for a table without tuning."""
     t = table.tuning
     if t is None:
         return []
     lines = [f"Tuning so far (validation {OBJECTIVE}, mean over the finished tuning seeds):"]
     for arm in table.arms:
-        cells, best = [], None
+        rates, scores, cells = [], [], []
         for lr in t.grid:
-            values = []
-            for seed in t.seeds:
-                done = run_folder(workdir, runs_folder(lr), arm.name, seed) / "result.json"
-                try:
-                    row = read_result(done) if done.exists() else None
-                except TornResult:
-                    row = None
-                if row is not None and row.get("status") == "ok":
-                    values.append(row.get("metrics", {}).get(OBJECTIVE))
-            values = [v for v in values if v is not None]
-            if values:
-                mean = sum(values) / len(values)
-                cells.append(f"lr {lr:g} {mean:.3f} ({len(values)} of {len(t.seeds)} seeds)")
-                best = (mean, lr) if best is None or mean > best[0] else best
-        leading = f"; leading: lr {best[1]:g}" if best else ""
+            found = (_finished(run_folder(workdir, runs_folder(lr), arm.name, s)) for s in t.seeds)
+            rows = [{"metrics": {}, **r} for r in found if r is not None]
+            if rows:
+                score = tuning.score(rows, OBJECTIVE)
+                rates.append(lr)
+                scores.append(score)
+                shown = "no score" if score == -math.inf else f"{score:.3f}"  # diverged
+                cells.append(f"lr {lr:g} {shown} ({len(rows)} of {len(t.seeds)} seeds)")
+        leading = ""
+        if any(sc > -math.inf for sc in scores):
+            leading = f"; leading: lr {tuning.choose(rates, scores):g}"
         lines.append(f"- {arm.name}: {', '.join(cells) or 'none finished'}{leading}")
     return lines
+
+
+def _finished(run_dir: pathlib.Path) -> dict | None:
+    """The row of a finished run (its result.json), None when unfinished or torn."""
+    done = run_dir / "result.json"
+    try:
+        return read_result(done) if done.exists() else None
+    except TornResult:
+        return None
 
 
 def status(table: Table, workdir: pathlib.Path, seeds: Sequence[int]) -> str:
