@@ -63,12 +63,23 @@ a seed share its start evaluation (kjax.rl.start_evals; their start metrics were
 the pilot), so a seed of both arms is about 40-45 min: the pilot (6 runs) ~2 h, the tuning
 grid (12 runs, 6 per tuning seed sharing one start) ~4 h, and S seeds ~S x 0.75 h, i.e.
 ~20 h of CPU at 20 seeds, over several sessions (the figures on the page will be the
-runs' own, from their metrics).
+runs' own, from their metrics). Sessions get different 2-core machines, and the step's
+cost depends on which: at one code (8c0c5cc) a run's median step took 8.4-9.2 s (sample
+3.3-3.9, update 5.1-5.3) on an AMD EPYC (Zen 4, the tuning runs, 2026-12-06) and 13.2 s
+(5.1, 8.1; one resumed run's last 19 steps, nothing else computing) on an Intel Xeon
+(family 6, model 207, 2026-12-07); a run is then 8-9 or about 13 min with its start
+evaluation shared. Each row's provenance names its
+CPU. The pilot's 16-18 s came from an AMD EPYC too (its rows' provenance), at earlier
+commits (8dc1ebb, fad3ba4) with other jobs running at times; why it was twice the
+tuning's step is not known.
 experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
 Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
 (2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
 shared 24 GB machine: no row, no checkpoint); check `free -g` before starting it beside
 other jobs. Started so, it resumes with the same command (nothing of that start is kept).
+On 2026-12-07 the kernel's OOM killer took a stopped run (8.9 GB resident) while a test
+run with three xdist workers (about 5 GB each) ran beside it; the run resumed from its
+step-20 checkpoint. The default two workers fit beside it.
 
 --smoke: both arms on the tiny random character model with rank-4 adapters (2 steps), end
 to end, so the LoRA path of the table is exercised in CI; --pilot --smoke likewise.
@@ -165,8 +176,9 @@ BUDGET = (
     f"extended, after mean-arm tuning runs were seen); eval {PROBLEMS} held-out "
     f"2-digit problems x {N_EVAL} samples (unbiased pass@1, pass@8). Seeds from the pilot "
     f"(--pilot: {PILOT_SEEDS} seeds at lr {PILOT_LR:g}) for an MDE <= {TARGET_MDE} at 80% "
-    "power. Compute on 2 CPU cores: 8-9 min per run whose start evaluation is shared, measured "
-    "in the tuning (2026-12-06); the pilot measured 20-25 min (module docstring)"
+    "power. Compute on 2 CPU cores, per run whose start evaluation is shared: 8-9 min on an AMD "
+    "EPYC (the tuning, 2026-12-06), about 13 min on an Intel Xeon (2026-12-07); the pilot "
+    "measured 20-25 min (module docstring)"
 )
 
 TABLE = harness.Table(
