@@ -19,13 +19,17 @@ the generated data. A run unfinished when the machine goes is trained again from
 
 Neither overwrites: a file already at its destination with other bytes is an error naming
 both (nothing is copied), so a folder of another table, or of a run redone differently, is
-never mixed in silently.
+never mixed in silently. `save` into a git work tree refuses (before copying) a destination
+that git ignores, naming the ignore rule: a carried file that `git add` skips is lost with
+the machine as surely as the workdir (the repository's `runs/` rule once hid table 7's
+reported runs this way).
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -75,10 +79,42 @@ def copy_tree(files: list[pathlib.Path], src: pathlib.Path, dst: pathlib.Path) -
     return new
 
 
+class IgnoredByGit(Exception):
+    """save's destination lies in a git work tree that ignores some of what it carries."""
+
+
+def git_ignored(paths: list[pathlib.Path]) -> list[str]:
+    """`git check-ignore -v` lines (rule, then path) for the paths git would not add; [] when
+    none is ignored, or when they are not in a git work tree (or git is absent)."""
+    if not paths:
+        return []
+    top = paths[0].parent
+    while not top.exists():
+        top = top.parent
+    try:
+        proc = subprocess.run(["git", "-C", str(top), "check-ignore", "-v", "--stdin"],
+                              input="\n".join(str(p.absolute()) for p in paths),
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    except FileNotFoundError:  # no git: nothing to check against
+        return []
+    if proc.returncode != 0:  # 1: none ignored; 128: not in a work tree
+        return []
+    # -v also prints a path a "!" rule re-includes: "SOURCE:LINE:PATTERN<tab>PATH"
+    return [ln for ln in proc.stdout.splitlines() if not ln.split(":", 2)[-1].startswith("!")]
+
+
 def save(workdir: pathlib.Path, to: pathlib.Path) -> str:
     if not workdir.is_dir():
         raise FileNotFoundError(f"--workdir={workdir}: no such folder")
     files = list(carried(workdir))
+    ignored = git_ignored([to / f for f in files])
+    if ignored:
+        raise IgnoredByGit(
+            f"--to={to}: git ignores {len(ignored)} of the {len(files)} file(s) to carry, so "
+            f"a commit would leave them behind; first: {ignored[0]} (rule, then path). Add a "
+            f"'!' rule for that folder to the .gitignore named, or carry elsewhere; nothing "
+            "was copied."
+        )
     new = copy_tree(files, workdir, to)
     runs = sum(f.name == "result.json" for f in files)
     evals = sum(f.suffix == ".npz" for f in files)
@@ -117,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(save(args.workdir, args.to))
         else:
             print(restore(args.workdir, args.src))
-    except (FileNotFoundError, FileExistsError) as e:
+    except (FileNotFoundError, FileExistsError, IgnoredByGit) as e:
         print(f"carry: {e}", file=sys.stderr)
         return 2
     return 0

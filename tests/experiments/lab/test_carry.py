@@ -2,6 +2,8 @@
 the table's own resume takes the restored runs as finished."""
 
 import json
+import shutil
+import subprocess
 
 import pytest
 
@@ -82,3 +84,33 @@ def test_cli_errors_name_the_input_and_exit_non_zero(tmp_path, capsys):
     wd = _workdir(tmp_path)
     assert carry.main(["save", f"--workdir={wd}", f"--to={tmp_path / 'o'}"]) == 0
     assert "saved 2 finished run(s)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_save_refuses_a_destination_git_ignores_and_copies_nothing(tmp_path, capsys):
+    """A carried result.json that `git add` skips is lost with the machine: the repository's
+    `runs/` rule once hid table 7's reported runs (runs/ARM/seedS) this way."""
+    wd = _workdir(tmp_path)
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("runs/\n")
+    to = repo / "results" / "carried"
+    code = carry.main(["save", f"--workdir={wd}", f"--to={to}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert ".gitignore:1:runs/" in err and "runs/passk/seed0/result.json" in err, err
+    assert not to.exists()
+    (repo / ".gitignore").write_text("runs/\n!results/*/runs/\n")
+    assert carry.main(["save", f"--workdir={wd}", f"--to={to}"]) == 0
+    assert (to / "runs" / "passk" / "seed0" / "result.json").is_file()
+    assert not carry.git_ignored([to / f for f in carry.carried(wd)])
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_ignored_counts_only_what_git_would_skip(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("runs/\n!keep/runs/\n")
+    got = carry.git_ignored([repo / "keep" / "runs" / "a.json", repo / "x" / "runs" / "b.json"])
+    assert len(got) == 1 and got[0].endswith("x/runs/b.json"), got
+    assert carry.git_ignored([tmp_path / "elsewhere" / "runs" / "c.json"]) == []  # no repo
