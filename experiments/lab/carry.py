@@ -112,7 +112,7 @@ def save(workdir: pathlib.Path, to: pathlib.Path) -> str:
         raise IgnoredByGit(
             f"--to={to}: git ignores {len(ignored)} of the {len(files)} file(s) to carry, so "
             f"a commit would leave them behind; first: {ignored[0]} (rule, then path). Add a "
-            f"'!' rule for that folder to the .gitignore named, or carry elsewhere; nothing "
+            "'!' rule for that folder to the .gitignore named, or carry elsewhere; nothing "
             "was copied."
         )
     new = copy_tree(files, workdir, to)

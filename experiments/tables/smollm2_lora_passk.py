@@ -68,10 +68,9 @@ cost depends on which: at one code (8c0c5cc) a run's median step took 8.4-9.2 s 
 3.3-3.9, update 5.1-5.3) on an AMD EPYC (Zen 4, the tuning runs, 2026-12-06) and 13.2 s
 (5.1, 8.1; one resumed run's last 19 steps, nothing else computing) on an Intel Xeon
 (family 6, model 207, 2026-12-07); a run is then 8-9 or about 13 min with its start
-evaluation shared. Each row's provenance names its
-CPU. The pilot's 16-18 s came from an AMD EPYC too (its rows' provenance), at earlier
-commits (8dc1ebb, fad3ba4) with other jobs running at times; why it was twice the
-tuning's step is not known.
+evaluation shared. Each row's provenance names its CPU. The pilot's 16-18 s came from an
+AMD EPYC too (its rows' provenance), at earlier commits (8dc1ebb, fad3ba4) with other jobs
+running at times; why it was twice the tuning's step is not known.
 experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
 Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
 (2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
