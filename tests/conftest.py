@@ -17,8 +17,8 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 if os.environ["JAX_PLATFORMS"] == "cpu" and "optimization_level" not in os.environ["XLA_FLAGS"]:
-    # The tests' models are tiny: LLVM's optimisation passes cost more compile time than
-    # they save at run time (~30% off the suite). Semantics are unchanged (no fast-math).
+    # The tests' models are tiny: compiling costs more than running. TEST_XLA_FLAGS turns
+    # off the compile passes that do not pay here (tests/__init__.py says by how much).
     os.environ["XLA_FLAGS"] += " " + TEST_XLA_FLAGS
 
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # set here once; workers inherit it
@@ -34,26 +34,27 @@ jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 # The longest files, handed out first. Under xdist's `--dist loadfile` a file goes whole to
 # the next free worker, in collection order; alphabetical order left the notebooks and the
 # checkpoint kills for last, so one worker finished them while the other idled. Longest
-# first leaves short files for the end. Worker-seconds from `--durations=0` (2026-12-06,
-# 2 cores, 1,345 s of tests in all); within a file, and among the rest, the order is
-# unchanged.
+# first leaves short files for the end. Worker-seconds from `--durations=0` (2026-12-07,
+# 2-core Intel Xeon, 854 s of tests in all); within a file, and among the rest, the order
+# is unchanged.
 _LONG_FILES = (
-    "tests/experiments/test_tables.py",  # ~100 s: every table module's --smoke run
-    "tests/test_pruned_sampling.py",  # ~63 s
-    "tests/experiments/bench/test_bench_smoke.py",  # ~61 s: bench_rl_step, bench_padding
-    "tests/objectives/test_shrinkage.py",  # ~55 s
-    "tests/test_notebooks.py",  # ~55 s
-    "tests/experiments/test_run_safety.py",  # ~47 s
+    "tests/experiments/test_tables.py",  # ~66 s: every table module's --smoke run
+    "tests/test_notebooks.py",  # ~43 s
+    "tests/experiments/bench/test_bench_smoke.py",  # ~38 s: bench_rl_step, bench_padding
+    "tests/test_pruned_sampling.py",  # ~31 s
+    "tests/objectives/test_shrinkage.py",  # ~31 s
     "tests/rl/test_forward.py",
-    "tests/rl/test_loss_fn.py",
-    "tests/tasks/test_train_tasks.py",
-    "tests/rl/test_train_step.py",
-    "tests/test_sampling.py",
-    "tests/rewards/test_code_hostile.py",
+    "tests/rl/test_resume.py",  # ~29 s: LoRA's kill -9 resume
     "tests/rl/test_multihost.py",
-    "tests/rl/test_lag.py",
-    "tests/rl/test_resume.py",  # ~27 s: LoRA's kill -9 resume
     "tests/test_checkpoint.py",
+    "tests/experiments/test_run_safety.py",
+    "tests/rewards/test_code_hostile.py",
+    "tests/tasks/test_train_tasks.py",
+    "tests/rl/test_loss_fn.py",
+    "tests/test_scale.py",
+    "tests/rl/test_lag.py",
+    "tests/test_sampling.py",
+    "tests/rl/test_train_step.py",
 )
 
 
