@@ -13,6 +13,7 @@ from kjax.rl.config import (
     CodeConfig,
     CountdownConfig,
     EvalConfig,
+    MeshConfig,
     ModelConfig,
     Objective,
     ObjectiveConfig,
@@ -219,7 +220,11 @@ def test_smollm2_trains_on_humaneval_through_the_sandbox_pool(tmp_path):
     require_bwrap()
     from experiments.configs import smollm2_humaneval
 
+    # The tests' 8 host devices: data-parallel (the preset's default mesh) would hold 8
+    # copies of the weights and Adam's moments, >23 GB (killed for memory on a 24 GiB
+    # machine, 2026-12-07); fsdp holds one, split 8 ways.
     cfg = smollm2_humaneval.get_config("smoke")
+    cfg = dataclasses.replace(cfg, mesh=MeshConfig(data=1, fsdp=-1))
     train_and_evaluate(cfg, tmp_path / "run", progress=False)
     steps = [r for r in _rows(tmp_path / "run") if r.get("step", 0) > 0]
     assert [r["step"] for r in steps] == [1, 2] and all(r["finite"] for r in steps)
