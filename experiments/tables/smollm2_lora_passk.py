@@ -5,6 +5,7 @@ pass@8" and "lowers pass@1", both judged on held-out problems.
   python -m experiments.tables.smollm2_lora_passk --workdir=DIR --pilot      # step 1
   python -m experiments.tables.smollm2_lora_passk --workdir=DIR [--seeds=S] # step 2
   python -m experiments.tables.smollm2_lora_passk --workdir=OUT --from_rows=ROWS.jsonl
+  python -m experiments.tables.smollm2_lora_passk --workdir=DIR --seeds_rule # stage 2's S
 
 Both steps resume: a finished (arm, seed) leaves its result.json and is skipped, an
 unfinished run resumes from its last checkpoint (every STEPS // 2 steps), so a session
@@ -124,6 +125,17 @@ PILOT_SEEDS, PILOT_LR, TARGET_MDE = 3, 5e-5, 0.03
 # (pass@8, sd 0.011) and 2 for 7b (pass@1, sd 0.003), so the rule's floor of 10. It was 20
 # before the pilot was read.
 SEEDS = 10
+# A SECOND STAGE, WRITTEN AFTER SEEING SEEDS 0-3 OF STEP 2 (2026-12-07, before seeds 4-9
+# ran). The pilot's sd came from an untuned rate (5e-5); at the tuned 4e-4 the four seeds'
+# paired differences spread about four times wider (sd ~0.044 on both claims), so 10 seeds
+# would likely leave an MDE near 0.04, above the 0.03 the table was sized for. The rule:
+# when seeds 0..SEEDS-1 of both arms have finished, each claim's sd over those seeds (the
+# sd only, not the mean difference) gives the seeds an MDE of TARGET_MDE needs
+# (experiments.lab.power); the table runs to the larger of the two, at least SEEDS and at
+# most MAX_SEEDS (if more were needed, MAX_SEEDS and the MDE they reach are reported), with
+# `--seeds=S` from the same commit, and is judged once, at that count. If the table grows,
+# its claims' rows say so (post hoc). `--seeds_rule` prints S from WORKDIR's rows.
+MAX_SEEDS = 30
 MEAN, PASSK = "mean (RLOO)", f"pass@k (k={K}, LOO-1)"
 
 
@@ -255,8 +267,54 @@ def pilot(argv: list[str]) -> int:
     return 0
 
 
+def seeds_needed(rows: list[dict]) -> dict:
+    """The second stage's seed count (the comment at SEEDS) from the table's rows: each
+    claim's power over seeds 0..SEEDS-1 (rows of later seeds are ignored, so the count
+    does not move as the table grows) and S, the larger "seeds for MDE TARGET_MDE" kept
+    within [SEEDS, MAX_SEEDS]. Needs every one of those seeds finished in both arms."""
+    first = [r for r in rows if r["seed"] < SEEDS]
+    figures = [power.claim_power(first, c, TARGET_MDE) for c in TABLE.claims]
+    short = [f["claim"] for f in figures if f["seeds"] < SEEDS]
+    if short:
+        raise ValueError(
+            f"the seeds rule needs seeds 0..{SEEDS - 1} of both arms finished; claims "
+            f"{short} have fewer: finish step 2's {SEEDS} seeds first"
+        )
+    wanted = max(f["seeds_for_target"] or SEEDS for f in figures)
+    return {"claims": figures, "wanted": wanted, "seeds": min(max(wanted, SEEDS), MAX_SEEDS)}
+
+
+def seeds_rule(argv: list[str]) -> int:
+    """--seeds_rule: print the second stage's S from WORKDIR/smollm2_lora_passk.jsonl."""
+    args = table_cli.parse(TABLE.name, argv, default_seeds=SEEDS)
+    path = pathlib.Path(args.workdir) / f"{TABLE.name}.jsonl"
+    if not path.exists():
+        print(
+            f"error: --seeds_rule reads {path}, which is missing: run step 2's {SEEDS} "
+            "seeds into that workdir first (the table writes it when they finish)",
+            file=sys.stderr,
+        )
+        return 1
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        got = seeds_needed(rows)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    text, _ = power.power_table([r for r in rows if r["seed"] < SEEDS], TABLE.claims, TARGET_MDE)
+    more = got["wanted"] > MAX_SEEDS
+    print(
+        f"{text}\n\nseeds rule: run to --seeds={got['seeds']}"
+        + (f" (the cap; {got['wanted']} were wanted)" if more else "")
+        + ("; no second stage" if got["seeds"] == SEEDS else "")
+    )
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--seeds_rule" in argv:
+        return seeds_rule([a for a in argv if a != "--seeds_rule"])
     if "--pilot" in argv:
         return pilot([a for a in argv if a != "--pilot"])
     return table_cli.main(TABLE, argv, default_seeds=SEEDS)

@@ -100,3 +100,59 @@ def test_gpu_script_smoke_path_writes_rows_from_rows_judges(tmp_path):
     assert [json.loads(r)["status"] for r in rows] == ["ok"] * len(rows)
     text = (tmp_path / "judged" / f"{t.TABLE.name}.md").read_text()
     assert all(f"| {c.id} |" in text for c in t.TABLE.claims)
+
+
+def _rows(d8, d1, seeds):
+    """Rows whose pass@8 / pass@1 paired differences (pass@k arm minus mean arm) are d8 / d1."""
+    rows = []
+    for s in seeds:
+        rows.append({"arm": t.MEAN, "seed": s, "status": "ok",
+                     "metrics": {"pass@8": 0.4, "pass@1": 0.3}})  # fmt: skip
+        rows.append({"arm": t.PASSK, "seed": s, "status": "ok",
+                     "metrics": {"pass@8": 0.4 + d8[s], "pass@1": 0.3 + d1[s]}})  # fmt: skip
+    return rows
+
+
+def _fewest(sd):  # the fewest seeds whose MDE is <= 0.03, by walking n up
+    n = 2
+    while _mde(sd, n) > t.TARGET_MDE:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("scale, expect", [(0.044, None), (0.002, "floor"), (0.2, "cap")])
+def test_seeds_rule_reads_the_first_seeds_sd_only(tmp_path, scale, expect):
+    """The second stage (the comment at SEEDS): S from the sd of seeds 0..SEEDS-1 only, the
+    larger claim's, kept within [SEEDS, MAX_SEEDS]; later seeds' rows do not move it."""
+    z = np.random.default_rng(1).normal(size=t.SEEDS)
+    z = (z - z.mean()) / z.std(ddof=1)  # sd exactly 1 over the first SEEDS seeds
+    d8 = list(0.01 + scale * z) + [5.0, -5.0]  # 2 later seeds, wild
+    d1 = list(-0.05 + scale / 2 * z[::-1]) + [5.0, -5.0]
+    rows = _rows(d8, d1, range(t.SEEDS + 2))
+    wanted = max(_fewest(np.std(d[: t.SEEDS], ddof=1)) for d in (d8, d1))
+    got = t.seeds_needed(rows)
+    assert got["wanted"] == wanted
+    assert got["seeds"] == min(max(wanted, t.SEEDS), t.MAX_SEEDS)
+    if expect == "floor":
+        assert got["seeds"] == t.SEEDS
+    elif expect == "cap":
+        assert got["seeds"] == t.MAX_SEEDS < wanted
+    else:
+        assert t.SEEDS < got["seeds"] < t.MAX_SEEDS
+    (tmp_path / f"{t.TABLE.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.tables.smollm2_lora_passk",
+         f"--workdir={tmp_path}", "--seeds_rule"],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"run to --seeds={got['seeds']}" in proc.stdout
+
+
+def test_seeds_rule_refuses_unfinished_seeds(tmp_path, capsys):
+    d = [0.01] * t.SEEDS
+    rows = _rows(d, d, range(t.SEEDS - 1))  # the last seed not finished
+    with pytest.raises(ValueError, match="finish step 2"):
+        t.seeds_needed(rows)
+    assert t.main([f"--workdir={tmp_path}", "--seeds_rule"]) == 1  # no rows file
+    assert "missing" in capsys.readouterr().err
