@@ -121,7 +121,7 @@ def _fewest(sd):  # the fewest seeds whose MDE is <= 0.03, by walking n up
 
 
 @pytest.mark.parametrize("scale, expect", [(0.044, None), (0.002, "floor"), (0.2, "cap")])
-def test_seeds_rule_reads_the_first_seeds_sd_only(tmp_path, scale, expect):
+def test_seeds_rule_reads_the_first_seeds_sd_only(tmp_path, capsys, scale, expect):
     """The second stage (the comment at SEEDS): S from the sd of seeds 0..SEEDS-1 only, the
     larger claim's, kept within [SEEDS, MAX_SEEDS]; later seeds' rows do not move it."""
     z = np.random.default_rng(1).normal(size=t.SEEDS)
@@ -140,13 +140,8 @@ def test_seeds_rule_reads_the_first_seeds_sd_only(tmp_path, scale, expect):
     else:
         assert t.SEEDS < got["seeds"] < t.MAX_SEEDS
     (tmp_path / f"{t.TABLE.name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.tables.smollm2_lora_passk",
-         f"--workdir={tmp_path}", "--seeds_rule"],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert f"run to --seeds={got['seeds']}" in proc.stdout
+    assert t.main([f"--workdir={tmp_path}", "--seeds_rule"]) == 0
+    assert f"run to --seeds={got['seeds']}" in capsys.readouterr().out
 
 
 def test_seeds_rule_refuses_unfinished_seeds(tmp_path, capsys):
