@@ -98,7 +98,7 @@ from experiments.lab.claims import Claim, ClaimKind
 from experiments.lab.harness import Arm
 from experiments.lab.tuning import Tuning
 from experiments.tables.tang2025_table import CODE
-from kjax.files import write_atomic
+from kjax.files import read_jsonl, write_atomic
 from kjax.rl.config import LoraConfig, MaxAtKEstimator, Objective, ObjectiveConfig
 
 STEPS, B, N, K = 40, 4, 16, 8
@@ -270,10 +270,11 @@ def pilot(argv: list[str]) -> int:
 def seeds_needed(rows: list[dict]) -> dict:
     """The second stage's seed count (the comment at SEEDS) from the table's rows: each
     claim's power over seeds 0..SEEDS-1 (rows of later seeds are ignored, so the count
-    does not move as the table grows) and S, the larger "seeds for MDE TARGET_MDE" kept
-    within [SEEDS, MAX_SEEDS]. Needs every one of those seeds finished in both arms."""
+    does not move as the table grows), as figures and as power's table, and S, the larger
+    "seeds for MDE TARGET_MDE" kept within [SEEDS, MAX_SEEDS]. Needs every one of those
+    seeds finished in both arms."""
     first = [r for r in rows if r["seed"] < SEEDS]
-    figures = [power.claim_power(first, c, TARGET_MDE) for c in TABLE.claims]
+    text, figures = power.power_table(first, TABLE.claims, TARGET_MDE)
     short = [f["claim"] for f in figures if f["seeds"] < SEEDS]
     if short:
         raise ValueError(
@@ -281,7 +282,8 @@ def seeds_needed(rows: list[dict]) -> dict:
             f"{short} have fewer: finish step 2's {SEEDS} seeds first"
         )
     wanted = max(f["seeds_for_target"] or SEEDS for f in figures)
-    return {"claims": figures, "wanted": wanted, "seeds": min(max(wanted, SEEDS), MAX_SEEDS)}
+    seeds = min(max(wanted, SEEDS), MAX_SEEDS)
+    return {"claims": figures, "table": text, "wanted": wanted, "seeds": seeds}
 
 
 def seeds_rule(argv: list[str]) -> int:
@@ -295,16 +297,14 @@ def seeds_rule(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     try:
-        got = seeds_needed(rows)
+        got = seeds_needed(read_jsonl(path))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    text, _ = power.power_table([r for r in rows if r["seed"] < SEEDS], TABLE.claims, TARGET_MDE)
     more = got["wanted"] > MAX_SEEDS
     print(
-        f"{text}\n\nseeds rule: run to --seeds={got['seeds']}"
+        f"{got['table']}\n\nseeds rule: run to --seeds={got['seeds']}"
         + (f" (the cap; {got['wanted']} were wanted)" if more else "")
         + ("; no second stage" if got["seeds"] == SEEDS else "")
     )
