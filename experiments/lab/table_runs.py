@@ -15,7 +15,9 @@ Runs of one process that differ only in their seed share one compiled update
 Diverged runs (non-finite loss, FloatingPointError) are rows with status "diverged": counted
 in the table, left out of differences. Any other exception of an arm stops the table
 (ArmFailed names arm and seed; the CLI exits 1): a broken arm is never a result. Every row
-records the provenance() of the process that ran it.
+records the provenance() of the process that ran it, and its wall time over every process
+that trained it (`run_wall`: a run resumed after a crash or a session's end counts the
+interrupted processes too).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import time
 from collections.abc import Sequence
@@ -80,6 +83,45 @@ def _must_be_finished(table: Table, arm: Arm, ctx: Context) -> bool:
 class TornResult(ValueError):
     """A result.json that is not JSON: written by a kjax that did not write it atomically,
     and killed mid-write."""
+
+
+ATTEMPTS = "attempts.jsonl"  # one line per process that trained a run: its start, its end
+
+
+def _last_write(run_dir: pathlib.Path) -> float | None:
+    """The newest modification time of a file the run wrote under run_dir (the trainer
+    appends its metrics every step), or None before it wrote any."""
+    times = [p.stat().st_mtime for p in run_dir.rglob("*")
+             if p.is_file() and p.name not in (ATTEMPTS, "lock")]  # fmt: skip
+    return max(times, default=None)
+
+
+def _attempts(run_dir: pathlib.Path) -> list[dict]:
+    path = run_dir / ATTEMPTS
+    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+
+
+def begin_attempt(run_dir: pathlib.Path, now: float | None = None) -> None:
+    """Records a process's start of run_dir's run in run_dir/attempts.jsonl. A previous
+    attempt without an end was interrupted (kill, crash, a session's end): its end is the
+    last write it left under run_dir, read now, before this process writes anything."""
+    now = time.time() if now is None else now
+    attempts = _attempts(run_dir)
+    if attempts and "end" not in attempts[-1]:
+        last = _last_write(run_dir)
+        attempts[-1]["end"] = max(attempts[-1]["start"], last if last is not None else 0.0)
+    attempts.append({"start": now, "pid": os.getpid()})
+    write_atomic(run_dir / ATTEMPTS, "".join(json.dumps(a) + "\n" for a in attempts))
+
+
+def run_wall(run_dir: pathlib.Path, now: float | None = None) -> tuple[float, int]:
+    """(seconds, processes): the run's wall time summed over every process that trained it,
+    the last one (the caller, begun with `begin_attempt`) counted up to now. An interrupted
+    process counts up to its last write, so the work it lost after that is left out."""
+    now = time.time() if now is None else now
+    attempts = _attempts(run_dir)
+    total = sum(a.get("end", now) - a["start"] for a in attempts)
+    return round(total, 1), len(attempts)
 
 
 def read_result(path: pathlib.Path) -> dict:
@@ -205,14 +247,14 @@ def _run(table: Table, arm: Arm, seed: int, ctx: Context, run_dir: pathlib.Path)
         resumed = " (from its last checkpoint)" if ckpts.is_dir() and any(ckpts.iterdir()) else ""
         ctx.log(f"[{table.name}] {arm.name} seed {seed}: training{resumed} in {run_dir}, "
                 f"started {time.strftime('%Y-%m-%d %H:%M:%S')}")  # fmt: skip
-        start = time.time()
+        begin_attempt(run_dir)
         try:
             metrics = (table.execute or harness.rl_execute)(table, arm, seed, run_dir, ctx)
             finite = all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
             row.update(status="ok" if finite else "diverged", metrics=metrics)
         except FloatingPointError as e:
             row.update(status="diverged", metrics={}, error=str(e).splitlines()[0])
-        row["wall_s"] = round(time.time() - start, 1)
+        row["wall_s"], row["processes"] = run_wall(run_dir)
         write_result(done, row)
     return row
 

@@ -15,6 +15,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 
 import jax
 import numpy as np
@@ -423,6 +424,38 @@ def test_a_broken_arm_stops_the_table(tmp_path, capsys):
     assert not (tmp_path / "t.md").exists()  # no table from a broken arm
     assert (tmp_path / "runs" / "a" / "seed0" / "result.json").exists()  # kept for the rerun
     assert not (tmp_path / "runs" / "broken" / "seed0" / "result.json").exists()
+
+
+def test_run_wall_sums_every_process_up_to_its_last_write(tmp_path):
+    """Each interrupted process counts from its start to the last file it wrote; one that
+    wrote nothing counts 0; the running one counts up to now."""
+    table_runs.begin_attempt(tmp_path, now=10.0)  # killed before it wrote anything
+    table_runs.begin_attempt(tmp_path, now=20.0)
+    written = tmp_path / "run" / "metrics.jsonl"
+    written.parent.mkdir()
+    written.write_text("{}\n")
+    os.utime(written, (50.0, 50.0))  # its last step's line, then it was killed
+    table_runs.begin_attempt(tmp_path, now=60.0)
+    assert table_runs.run_wall(tmp_path, now=70.0) == (0.0 + 30.0 + 10.0, 3)
+
+
+def test_a_resumed_run_reports_the_time_of_the_process_that_was_killed(tmp_path):
+    """A table run resumed after a kill reports both processes' time in its row, not only
+    the last process's (what it did before: table 7's compute undercounted its resumes)."""
+    table = _table(Arm("a", lambda c: c))
+    run_dir = tmp_path / "runs" / "a" / "seed0"
+    run_dir.mkdir(parents=True)
+    t0 = time.time() - 1000.0
+    table_runs.begin_attempt(run_dir, now=t0)
+    written = run_dir / "run" / "checkpoints" / "10"
+    written.parent.mkdir(parents=True)
+    written.write_text("step 10")
+    os.utime(written, (t0 + 100.0, t0 + 100.0))  # its last write; then kill -9
+    ctx = harness.Context(tmp_path, tmp_path / "sft", smoke=False, log=lambda *a: None)
+    row = table_runs.run_one(table, table.arms[0], 0, ctx)
+    assert row["status"] == "ok" and row["processes"] == 2
+    assert 100.0 <= row["wall_s"] < 160.0, row["wall_s"]
+    assert json.loads((run_dir / "result.json").read_text())["wall_s"] == row["wall_s"]
 
 
 def test_a_finished_run_of_another_config_is_an_error_not_a_result(tmp_path, capsys):
