@@ -151,3 +151,17 @@ def test_seeds_rule_refuses_unfinished_seeds(tmp_path, capsys):
         t.seeds_needed(rows)
     assert t.main([f"--workdir={tmp_path}", "--seeds_rule"]) == 1  # no rows file
     assert "missing" in capsys.readouterr().err
+
+
+def test_step_two_runs_to_what_the_rule_gives_on_the_committed_first_seeds():
+    """STAGE2_SEEDS (step 2's default --seeds, and what the claims say they are judged at)
+    is the rule applied to the committed rows of seeds 0..SEEDS-1 (experiments.lab.carry
+    saved every finished run's result.json), not a number typed in."""
+    carried = ROOT / "experiments" / "results" / "smollm2_lora_passk" / "carried" / "runs"
+    rows = [json.loads(p.read_text()) for p in sorted(carried.glob("*/seed*/result.json"))]
+    rows = [r for r in rows if r["table"] == t.TABLE.name and r["status"] == "ok"]
+    assert {(r["arm"], r["seed"]) for r in rows if r["seed"] < t.SEEDS} == {
+        (arm.name, s) for arm in t.TABLE.arms for s in range(t.SEEDS)
+    }
+    assert t.seeds_needed(rows)["seeds"] == t.STAGE2_SEEDS
+    assert f"{t.STAGE2_SEEDS} seeds" in t.TABLE.claims[0].text
