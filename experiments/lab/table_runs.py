@@ -15,9 +15,10 @@ Runs of one process that differ only in their seed share one compiled update
 Diverged runs (non-finite loss, FloatingPointError) are rows with status "diverged": counted
 in the table, left out of differences. Any other exception of an arm stops the table
 (ArmFailed names arm and seed; the CLI exits 1): a broken arm is never a result. Every row
-records the provenance() of the process that ran it, and its wall time over every process
-that trained it (`run_wall`: a run resumed after a crash or a session's end counts the
-interrupted processes too).
+records the provenance() of the process that ran it, and its wall time: for a run trained
+alone, over every process that trained it (`run_wall`: a run resumed after a crash or a
+session's end counts the interrupted processes too); for seeds in lockstep, its share of
+the last process that trained the group.
 """
 
 from __future__ import annotations
