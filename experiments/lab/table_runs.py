@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import pathlib
 import time
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ from experiments.lab import harness
 from experiments.lab.harness import Arm, ArmFailed, Context, Table, arm_config, fingerprint, slug
 from experiments.lab.provenance import provenance
 from experiments.lab.report import RUNNING, SMOKE_SKIPPED
-from kjax.files import write_atomic
+from kjax.files import read_jsonl, write_atomic
 
 
 def run_folder(workdir: pathlib.Path, runs: str, arm: str, seed: int) -> pathlib.Path:
@@ -89,17 +88,12 @@ class TornResult(ValueError):
 ATTEMPTS = "attempts.jsonl"  # one line per process that trained a run: its start, its end
 
 
-def _last_write(run_dir: pathlib.Path) -> float | None:
+def _last_write(run_dir: pathlib.Path) -> float:
     """The newest modification time of a file the run wrote under run_dir (the trainer
-    appends its metrics every step), or None before it wrote any."""
+    appends its metrics every step), or 0 before it wrote any."""
     times = [p.stat().st_mtime for p in run_dir.rglob("*")
              if p.is_file() and p.name not in (ATTEMPTS, "lock")]  # fmt: skip
-    return max(times, default=None)
-
-
-def _attempts(run_dir: pathlib.Path) -> list[dict]:
-    path = run_dir / ATTEMPTS
-    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+    return max(times, default=0.0)
 
 
 def begin_attempt(run_dir: pathlib.Path, now: float | None = None) -> None:
@@ -107,11 +101,10 @@ def begin_attempt(run_dir: pathlib.Path, now: float | None = None) -> None:
     attempt without an end was interrupted (kill, crash, a session's end): its end is the
     last write it left under run_dir, read now, before this process writes anything."""
     now = time.time() if now is None else now
-    attempts = _attempts(run_dir)
+    attempts = read_jsonl(run_dir / ATTEMPTS)
     if attempts and "end" not in attempts[-1]:
-        last = _last_write(run_dir)
-        attempts[-1]["end"] = max(attempts[-1]["start"], last if last is not None else 0.0)
-    attempts.append({"start": now, "pid": os.getpid()})
+        attempts[-1]["end"] = max(attempts[-1]["start"], _last_write(run_dir))
+    attempts.append({"start": now})
     write_atomic(run_dir / ATTEMPTS, "".join(json.dumps(a) + "\n" for a in attempts))
 
 
@@ -120,7 +113,7 @@ def run_wall(run_dir: pathlib.Path, now: float | None = None) -> tuple[float, in
     the last one (the caller, begun with `begin_attempt`) counted up to now. An interrupted
     process counts up to its last write, so the work it lost after that is left out."""
     now = time.time() if now is None else now
-    attempts = _attempts(run_dir)
+    attempts = read_jsonl(run_dir / ATTEMPTS)
     total = sum(a.get("end", now) - a["start"] for a in attempts)
     return round(total, 1), len(attempts)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from experiments.lab.table_runs import read_result
 from experiments.tables import smollm2_lora_passk as t
 from kjax.rl.config import ModelKind, Objective
 
@@ -158,7 +159,7 @@ def test_step_two_runs_to_what_the_rule_gives_on_the_committed_first_seeds():
     is the rule applied to the committed rows of seeds 0..SEEDS-1 (experiments.lab.carry
     saved every finished run's result.json), not a number typed in."""
     carried = ROOT / "experiments" / "results" / "smollm2_lora_passk" / "carried" / "runs"
-    rows = [json.loads(p.read_text()) for p in sorted(carried.glob("*/seed*/result.json"))]
+    rows = [read_result(p) for p in sorted(carried.glob("*/seed*/result.json"))]
     rows = [r for r in rows if r["table"] == t.TABLE.name and r["status"] == "ok"]
     assert {(r["arm"], r["seed"]) for r in rows if r["seed"] < t.SEEDS} == {
         (arm.name, s) for arm in t.TABLE.arms for s in range(t.SEEDS)
