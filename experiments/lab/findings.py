@@ -78,9 +78,9 @@ TABLES = (
     ),
     Source(
         7,
-        "Tang et al. 2025 on SmolLM2-135M-Instruct · arithmetic, 1 seed",
-        "smollm2_passk",
-        "docs/tables/smollm2_passk.md",
+        "Tang et al. 2025 on SmolLM2-135M-Instruct, LoRA · arithmetic, 18 seeds, 18 CPU h",
+        "smollm2_lora_passk",
+        "docs/tables/smollm2_lora_passk.md",
     ),
     Source(8, "TTRL (Zuo et al. 2025) · arithmetic", "ttrl_table", "docs/tables/ttrl.md"),
     Source(
@@ -144,8 +144,8 @@ SHORT = {
     "6f": "MaxRL's pass@1 at most 0.02 below mean objective's (kjax's margin, post hoc; "
     "vs GRPO there)",
     "6g": "MaxRL beats the mean objective on pass@16",
-    "7a": "pass@k objective beats mean objective on pass@k",
-    "7b": "... and loses pass@1",
+    "7a": "pass@k objective beats mean objective on pass@k (seeds post hoc)",
+    "7b": "... and loses pass@1 (seeds post hoc)",
     "8a": "label-free RL raises pass@1 over the warm start",
     "11a": "one step stale, IS-corrected = on-policy, mean objective (NeMo-RL; kjax's "
     "margin 0.02; post hoc)",

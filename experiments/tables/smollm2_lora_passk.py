@@ -72,6 +72,8 @@ cost depends on which: at one code (8c0c5cc) a run's median step took 8.4-9.2 s 
 evaluation shared. Each row's provenance names its CPU. The pilot's 16-18 s came from an
 AMD EPYC too (its rows' provenance), at earlier commits (8dc1ebb, fad3ba4) with other jobs
 running at times; why it was twice the tuning's step is not known.
+What the whole table took in the end (pilot, tuning, 36 reported runs, nine sessions) is
+on docs/tables/smollm2_lora_passk.md, from the rows' own wall times.
 experiments/bench/gpu_table7.sh runs it at 10 seeds on one GPU (not run yet: no GPU was lent).
 Memory: the pilot's first run held 9.3 GB resident within its first two minutes on the CPU
 (2026-12-06; stopped there, by hand, before its first evaluation, so as not to starve the
